@@ -1,0 +1,149 @@
+"""`specdec generate | models`: the command line. Bad input -> one line on stderr, non-zero exit."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import SpecDecError
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    from .models.registry import DEFAULT_TARGET
+
+    p.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, .gguf file or HF directory")
+    p.add_argument("--draft", default=None, help="draft model for --method draft (default: the 0.5B of the pair)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+
+
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", default="none", choices=["none", "ngram", "draft"], help="speculative method")
+    p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=None,
+                   help="draft tokens per step (default: 4 for draft, 8 for ngram)")
+    p.add_argument("--prompt-lookup-max", type=int, default=4)
+    p.add_argument("--prompt-lookup-min", type=int, default=1)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not usage + error
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specdec", description="Speculative decoding, measured honestly.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate text for one prompt, streaming it to stdout")
+    g.add_argument("prompt", help="the prompt ('-' reads it from stdin); a user message unless --no-chat")
+    _add_model_args(g)
+    _add_spec_args(g)
+    g.add_argument("--no-chat", action="store_true", help="raw text prompt, no chat template")
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--stats-json", default=None, help="write this request's stats as JSON here")
+    g.add_argument("--compare", action="store_true",
+                   help="also run the request with --method none; add baseline, parity and speedup to the stats")
+    g.add_argument("--quiet", action="store_true", help="do not print the generated text")
+
+    sub.add_parser("models", help="list built-in models and what is installed / assembled")
+    return parser
+
+
+def _write_json_atomic(path: str, data: dict) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, target)
+
+
+def cmd_models(args) -> int:
+    from .models.registry import BUILTIN_MODELS, assembled_path, is_assembled, part_paths
+
+    for m in BUILTIN_MODELS.values():
+        parts = part_paths(m)
+        installed = sum(p is not None for p in parts)
+        state = "assembled" if is_assembled(m) else ("installed" if installed == m.num_parts else "not installed")
+        print(f"{m.name:32s} {state:14s} parts {installed}/{m.num_parts}  {m.description}")
+        if is_assembled(m):
+            print(f"{'':32s} {assembled_path(m)}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from . import LLM, SamplingParams, SpeculativeConfig
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise SpecDecError("the prompt is empty")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop)
+    spec = SpeculativeConfig(method=args.method, num_speculative_tokens=args.k, model=args.draft,
+                             prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min)
+    llm = LLM(target=args.target, draft=args.draft, speculative=spec, dtype=args.dtype, device=args.device,
+              max_model_len=args.max_model_len, num_threads=args.threads)
+    out = sys.stdout
+    final, token_ids = None, []
+    for delta in llm.stream(prompt, params, chat=not args.no_chat):
+        token_ids += delta.token_ids
+        if not args.quiet and delta.text:
+            out.write(delta.text)
+            out.flush()
+        final = delta
+    if not args.quiet:
+        out.write("\n")
+    stats = final.stats
+    record = {"target": llm.target.name, "draft": llm.draft.name if llm.draft else None, **stats.to_dict()}
+    if args.compare:
+        base = llm.generate(prompt, params, chat=not args.no_chat, engine=llm.make_engine(SpeculativeConfig("none")))[0]
+        record["baseline"] = base.stats.to_dict()
+        record["parity"] = token_ids == base.token_ids
+        record["speedup"] = (stats.decode_tok_s / base.stats.decode_tok_s) if base.stats.decode_tok_s else None
+    print(_summary(stats), file=sys.stderr)
+    if args.compare:
+        print(f"baseline decode {record['baseline']['decode_tok_s']:.2f} tok/s; speedup {record['speedup']:.2f}x; "
+              f"parity {record['parity']}", file=sys.stderr)
+    if args.stats_json:
+        _write_json_atomic(args.stats_json, record)
+    return 0
+
+
+def _summary(s) -> str:
+    parts = [f"[{s.method}] {s.prompt_tokens} prompt + {s.completion_tokens} completion tokens ({s.finish_reason})",
+             f"TTFT {s.ttft_s * 1000:.0f} ms", f"TPOT {s.tpot_s * 1000:.1f} ms", f"decode {s.decode_tok_s:.2f} tok/s"]
+    if s.acceptance_rate is not None:
+        parts.append(f"acceptance {s.acceptance_rate:.2f}, mean accepted length {s.mean_accepted_length:.2f}")
+    return "; ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "models":
+            return cmd_models(args)
+        if args.command == "generate":
+            return cmd_generate(args)
+    except (SpecDecError, ValueError) as exc:
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

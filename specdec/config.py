@@ -1,0 +1,41 @@
+"""Engine and speculation configuration (dataclasses; the CLI and HTTP map onto their fields)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+METHODS = ("none", "ngram", "draft")
+
+# Defaults measured on the 2-core CPU (see README, "Choosing k"): the draft method peaks at k=4,
+# n-gram lookup (nearly free to propose) keeps gaining up to k=8 on edit-style prompts.
+DEFAULT_K = {"none": 0, "ngram": 8, "draft": 4}
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str = "none"                    # none | ngram | draft
+    num_speculative_tokens: int | None = None   # k; None = the method's default
+    model: str | None = None                # draft model (method "draft"); None = the default draft
+    prompt_lookup_max: int = 4              # n-gram: longest tail n-gram tried first
+    prompt_lookup_min: int = 1              # n-gram: shortest n-gram accepted
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown speculative method '{self.method}' (choose from: {', '.join(METHODS)})")
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = DEFAULT_K[self.method]
+        if self.method == "none":
+            self.num_speculative_tokens = 0
+        elif not 1 <= self.num_speculative_tokens <= 32:
+            raise ValueError(f"num_speculative_tokens must be in 1..32, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                             f"{self.prompt_lookup_min}, {self.prompt_lookup_max}")
+
+
+@dataclass
+class EngineConfig:
+    target: str = "qwen2.5-coder-1.5b-instruct"
+    dtype: str = "bfloat16"                 # runtime dtype (float32 for exact parity checks)
+    device: str | None = None               # None: cuda if available, else cpu
+    max_model_len: int | None = None        # None: the model's context window
+    num_threads: int | None = None          # torch CPU threads; None: all cores

@@ -1,0 +1,3 @@
+from .engine import Engine, RequestOutput, StreamDelta
+
+__all__ = ["Engine", "RequestOutput", "StreamDelta"]

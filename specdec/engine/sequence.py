@@ -1,0 +1,83 @@
+"""Per-request state: tokens, text, termination (EOS, stop strings, max_tokens), stats."""
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from ..metrics.stats import RequestStats
+from ..sampling_params import SamplingParams
+from ..tokenizer import IncrementalDetokenizer, Tokenizer
+
+_ids = itertools.count()
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    tokenizer: Tokenizer
+    eos_ids: frozenset[int]
+    max_len: int                                    # prompt + output may not exceed this
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+
+    def __post_init__(self):
+        self.token_ids = list(self.prompt_ids)      # prompt + output
+        seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
+        self.generator = torch.Generator().manual_seed(seed)
+        self._detok = IncrementalDetokenizer(self.tokenizer)
+        self._emitted = 0                           # chars of self.text already handed out
+        self._stop_scan = 0                         # chars already searched for stop strings
+        self._holdback = max((len(s) for s in self.params.stop), default=1) - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append(self, new_ids: list[int]) -> list[int]:
+        """Commit verified tokens one at a time until one ends the request; returns those committed."""
+        taken = []
+        for tok in new_ids:
+            if self.finished:
+                break
+            taken.append(tok)
+            self.output_ids.append(tok)
+            self.token_ids.append(tok)
+            if tok in self.eos_ids and not self.params.ignore_eos:
+                self.finish_reason = "stop"
+                break
+            self.text += self._detok.add([tok])
+            if self.params.stop and self._check_stop():
+                break
+            if len(self.output_ids) >= self.params.max_tokens or len(self.token_ids) >= self.max_len:
+                self.finish_reason = "length"
+        if self.finish_reason in ("length",) or (self.finish_reason == "stop" and not self._stopped_by_string):
+            self.text += self._detok.flush()
+        self.stats.completion_tokens = len(self.output_ids)
+        return taken
+
+    _stopped_by_string = False
+
+    def _check_stop(self) -> bool:
+        start = max(0, self._stop_scan - self._holdback)
+        hits = [i for i in (self.text.find(s, start) for s in self.params.stop) if i >= 0]
+        self._stop_scan = len(self.text)
+        if not hits:
+            return False
+        self.text = self.text[: min(hits)]
+        self.finish_reason = "stop"
+        self._stopped_by_string = True
+        return True
+
+    def take_delta(self) -> str:
+        """Text not yet handed out. While running, hold back a possible stop-string prefix."""
+        end = len(self.text) if self.finished else max(self._emitted, len(self.text) - self._holdback)
+        delta = self.text[self._emitted:end]
+        self._emitted = end
+        return delta

@@ -1,0 +1,119 @@
+"""GGUF files: the config from metadata, and dequantized tensors under Hugging Face names."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..errors import SpecDecError
+from .config import ModelConfig
+
+SUPPORTED_ARCHS = ("qwen2", "llama")
+
+# GGUF block names -> Hugging Face names (per layer: blk.N.<key>).
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def open_gguf(path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the gguf package raises many kinds on a truncated or foreign file
+        raise SpecDecError(f"cannot read GGUF file {path}: {exc.__class__.__name__}: {exc}") from None
+
+
+def field(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def gguf_config(reader) -> ModelConfig:
+    arch = field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise SpecDecError(f"unsupported GGUF architecture '{arch}' (supported: {', '.join(SUPPORTED_ARCHS)})")
+    names = {t.name for t in reader.tensors}
+    hidden = int(field(reader, f"{arch}.embedding_length"))
+    num_heads = int(field(reader, f"{arch}.attention.head_count"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    return ModelConfig(
+        arch=arch,
+        vocab_size=int(embd.shape[1]) if tokens is None else max(int(embd.shape[1]), len(tokens.data)),
+        hidden_size=hidden,
+        intermediate_size=int(field(reader, f"{arch}.feed_forward_length")),
+        num_layers=int(field(reader, f"{arch}.block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(field(reader, f"{arch}.attention.head_count_kv", num_heads)),
+        head_dim=int(field(reader, f"{arch}.attention.key_length", hidden // num_heads)),
+        rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        max_position_embeddings=int(field(reader, f"{arch}.context_length", 4096)),
+        attention_bias="blk.0.attn_q.bias" in names,
+        tie_word_embeddings="output.weight" not in names,
+    )
+
+
+def _unpermute_llama(w: np.ndarray, n_head: int) -> np.ndarray:
+    # llama.cpp's converter interleaves the two RoPE halves of Q/K rows for llama-arch files;
+    # undo it so the HF half-split RoPE applies.
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def dequantize(tensor) -> np.ndarray:
+    """One GGUF tensor -> float32 array in PyTorch's [out, in] layout."""
+    import gguf
+
+    qtype = tensor.tensor_type
+    if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16):
+        out = gguf.quants.dequantize(tensor.data, qtype) if qtype == gguf.GGMLQuantizationType.BF16 else tensor.data
+        out = np.asarray(out, dtype=np.float32)
+    else:
+        try:
+            out = gguf.quants.dequantize(tensor.data, qtype)
+        except NotImplementedError:
+            raise SpecDecError(f"GGUF tensor {tensor.name}: quantization {qtype.name} is not supported") from None
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost first
+    return out.reshape(shape)
+
+
+def iter_hf_tensors(reader, cfg: ModelConfig) -> Iterator[tuple[str, "object"]]:
+    """Yield (hf_name, lazy tensor handle) for every tensor we use; callers dequantize."""
+    for t in reader.tensors:
+        if t.name in _GLOBAL_NAMES:
+            yield _GLOBAL_NAMES[t.name], t
+            continue
+        parts = t.name.split(".", 2)
+        if parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+            yield f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}", t
+        # other tensors (e.g. rope_freqs) are not used by this family's forward
+
+
+def dequantize_hf(name: str, tensor, cfg: ModelConfig) -> np.ndarray:
+    w = dequantize(tensor)
+    if cfg.arch == "llama":
+        if name.endswith("q_proj.weight"):
+            w = _unpermute_llama(w, cfg.num_heads)
+        elif name.endswith("k_proj.weight"):
+            w = _unpermute_llama(w, cfg.num_kv_heads)
+    return w

@@ -1,0 +1,214 @@
+"""Resolve a model argument, convert its weights once, and load them fast afterwards.
+
+A model argument is a built-in name, a `.gguf` file, or an HF-format directory (config.json +
+*.safetensors + tokenizer.json). The first load converts the weights to the runtime dtype with fused
+QKV / gate-up matrices and stores them as safetensors (plus the built tokenizer) under
+`<cache>/converted/`; later loads read those back in seconds. Cache entries are written to a temporary
+directory and renamed into place, so an interrupted conversion leaves nothing that looks complete.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import SpecDecError
+from ..tokenizer import Tokenizer
+from .config import ModelConfig
+from .qwen2 import Transformer
+from .registry import BUILTIN_MODELS, assemble, cache_dir
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    source: Path
+    model: Transformer
+    tokenizer: Tokenizer
+    config: ModelConfig
+    load_s: float
+    converted: bool            # True when this load did the (slow) first conversion
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.model.weight_nbytes()
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise SpecDecError(f"unknown dtype '{dtype}' (choose from: bfloat16, float32, float16)")
+    return DTYPES[dtype]
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_source(spec: str, progress: bool = True) -> tuple[str, Path]:
+    """Model argument -> (display name, path of a .gguf file or HF directory)."""
+    if spec in BUILTIN_MODELS:
+        return spec, assemble(BUILTIN_MODELS[spec], progress=progress)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise SpecDecError(f"{spec}: not a .gguf file")
+        return path.stem, path.resolve()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SpecDecError(f"{spec}: directory has no config.json (expected an HF-format model directory)")
+        return path.name, path.resolve()
+    if "/" in spec or spec.endswith(".gguf"):
+        raise SpecDecError(f"model file or directory not found: {spec}")
+    raise SpecDecError(f"unknown model '{spec}' (built-in: {', '.join(BUILTIN_MODELS)}; or a .gguf path / HF directory)")
+
+
+def _source_key(path: Path) -> str:
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _atomic_dir(final: Path, fill) -> None:
+    """Run fill(tmpdir) and rename tmpdir to final; never leaves a half-written `final`."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        fill(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process finished first; theirs is as good as ours
+            if not final.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# -- conversion: HF-named float32 tensors -> our fused, runtime-dtype state dict -----------------------
+def _fuse(hf: dict[str, torch.Tensor], cfg: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+
+    def take(name):
+        if name not in hf:
+            raise SpecDecError(f"weights are missing tensor '{name}'")
+        return hf.pop(name)
+
+    out["embed_tokens.weight"] = take("model.embed_tokens.weight").to(dtype)
+    out["norm.weight"] = take("model.norm.weight").to(dtype)
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = take("lm_head.weight").to(dtype)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        q = f"layers.{i}."
+        out[q + "input_layernorm.weight"] = take(p + "input_layernorm.weight").to(dtype)
+        out[q + "post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight").to(dtype)
+        out[q + "self_attn.qkv_proj.weight"] = torch.cat(
+            [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).to(dtype)
+        if cfg.attention_bias:
+            out[q + "self_attn.qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]).to(dtype)
+        out[q + "self_attn.o_proj.weight"] = take(p + "self_attn.o_proj.weight").to(dtype)
+        out[q + "mlp.gate_up_proj.weight"] = torch.cat(
+            [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]).to(dtype)
+        out[q + "mlp.down_proj.weight"] = take(p + "mlp.down_proj.weight").to(dtype)
+    return out
+
+
+def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool):
+    from tqdm import tqdm
+
+    from .gguf_weights import dequantize_hf, gguf_config, iter_hf_tensors, open_gguf
+
+    reader = open_gguf(path)
+    cfg = gguf_config(reader)
+    items = list(iter_hf_tensors(reader, cfg))
+
+    def work(item):
+        name, tensor = item
+        # dequantize to fp32, then straight to the runtime dtype to halve peak memory in bf16
+        return name, torch.from_numpy(np.ascontiguousarray(dequantize_hf(name, tensor, cfg)))
+
+    hf: dict[str, torch.Tensor] = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool, tqdm(
+        total=len(items), desc=f"converting {path.name}", unit="tensor", disable=not progress
+    ) as bar:
+        for name, t in pool.map(work, items):
+            hf[name] = t if dtype == torch.float32 else t.to(dtype)
+            bar.update(1)
+    if cfg.tie_word_embeddings:
+        hf.pop("lm_head.weight", None)
+    return cfg, _fuse(hf, cfg, dtype), Tokenizer.from_gguf(reader)
+
+
+def _convert_hf_dir(path: Path, dtype: torch.dtype):
+    from safetensors.torch import load_file
+
+    cfg = ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise SpecDecError(f"{path}: no *.safetensors weight files")
+    hf: dict[str, torch.Tensor] = {}
+    for f in files:
+        hf.update({k: v.float() for k, v in load_file(str(f)).items()})
+    if cfg.tie_word_embeddings:
+        hf.pop("lm_head.weight", None)
+    return cfg, _fuse(hf, cfg, dtype), Tokenizer.from_hf_dir(path)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | torch.device | None = None,
+               progress: bool = True, pack: bool = True) -> LoadedModel:
+    """Load a model argument for inference; converts and caches on first use."""
+    from safetensors.torch import load_file, save_file
+
+    t0 = time.perf_counter()
+    dtype = resolve_dtype(dtype)
+    device = torch.device(device) if device is not None else default_device()
+    name, source = resolve_source(spec, progress=progress)
+    entry = cache_dir() / "converted" / f"{source.stem}-{_source_key(source)}" / _dtype_name(dtype)
+    converted = False
+    if not (entry / "model.safetensors").is_file():
+        converted = True
+        if source.is_file():
+            cfg, state, tok = _convert_gguf(source, dtype, progress)
+        else:
+            cfg, state, tok = _convert_hf_dir(source, dtype)
+
+        def fill(tmp: Path):
+            save_file(state, str(tmp / "model.safetensors"))
+            (tmp / "config.json").write_text(cfg.to_json())
+            tok.save(tmp)
+
+        _atomic_dir(entry, fill)
+        del state
+    cfg = ModelConfig.from_json_file(entry / "config.json")
+    tokenizer = Tokenizer.load(entry)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    state = load_file(str(entry / "model.safetensors"), device=str(device))
+    model.load_state_dict(state, assign=True, strict=True)
+    model.eval().requires_grad_(False)
+    if pack:
+        model.pack_for_cpu()
+    return LoadedModel(name=name, source=source, model=model, tokenizer=tokenizer, config=cfg,
+                       load_s=time.perf_counter() - t0, converted=converted)

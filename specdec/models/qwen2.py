@@ -1,0 +1,159 @@
+"""The Qwen2/Llama decoder family: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP.
+
+The model knows nothing about requests, drafts or sampling: `forward(input_ids, positions, kv_cache)`
+returns hidden states for any number of new tokens (speculation verifies k+1 of them in one pass),
+and `compute_logits(hidden)` applies the output head. Q/K/V and gate/up projections are fused into
+one matmul each at load time (fewer, larger kernels: the CPU decode step is bound by weight reads).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 like the reference implementation; bf16 variance loses too much.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_tables(cfg: ModelConfig, max_positions: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables  # [max_positions, head_dim], fp32 (NeoX/HF half-split layout)."""
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64, device=device) / cfg.head_dim))
+    t = torch.arange(max_positions, dtype=torch.float64, device=device)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().float(), emb.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, H, T, D]; cos/sin: [B, 1, T, D]
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.split = (q_size, kv_size, kv_size)
+
+    def forward(self, x, cos, sin, kv_cache: KVCache, start: int, mask):
+        # x: [B, T, hidden]
+        B, T, _ = x.shape
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)      # [B, Hq, T, D]
+        k = k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)   # [B, Hkv, T, D]
+        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_all, v_all = kv_cache.write(self.layer_idx, start, k, v)           # [B, Hkv, start+T, D] views
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, kv_cache, start, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self._rope_len = 0
+
+    def _rope(self, positions: torch.Tensor):
+        needed = int(positions.max()) + 1
+        if needed > self._rope_len:  # grow in powers of two; rebuilt rarely
+            size = max(4096, 1 << (needed - 1).bit_length())
+            self._cos, self._sin = rope_tables(self.config, size, positions.device)
+            self._rope_len = size
+        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)  # [B, 1, T, D]
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
+        """input_ids, positions: [B, T] (positions contiguous from kv_cache.length) -> hidden [B, T, hidden].
+
+        Writes K/V for the T new tokens into the cache and advances its length by T.
+        """
+        B, T = input_ids.shape
+        start = kv_cache.length
+        cos, sin = self._rope(positions)
+        mask = None
+        if T > 1:  # query i (position start+i) sees keys 0..start+i
+            mask = torch.ones(T, start + T, dtype=torch.bool, device=input_ids.device).tril(diagonal=start)
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, kv_cache, start, mask)
+        kv_cache.length = start + T
+        return self.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., hidden] -> logits [..., vocab] in fp32."""
+        if self.lm_head is None:
+            return F.linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
+
+    def pack_for_cpu(self) -> None:
+        """Pre-pack linear weights for oneDNN (CPU only; a no-op elsewhere). Tied heads get their own copy."""
+        from .packed_linear import can_pack, pack_linears
+
+        if not can_pack(self.embed_tokens.weight):
+            return
+        if self.lm_head is None:
+            self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False,
+                                     dtype=self.embed_tokens.weight.dtype)
+            self.lm_head.weight = nn.Parameter(self.embed_tokens.weight.detach(), requires_grad=False)
+        pack_linears(self)
+
+    def weight_nbytes(self) -> int:
+        """Bytes of weights held, packed linears included."""
+        packed = sum(m.nbytes for m in self.modules() if hasattr(m, "packed"))
+        return packed + sum(p.nbytes for p in self.parameters())
+
+    def new_kv_cache(self, max_len: int, batch: int = 1) -> KVCache:
+        p = self.embed_tokens.weight
+        c = self.config
+        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, max_len, p.dtype, p.device)

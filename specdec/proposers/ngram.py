@@ -1,0 +1,42 @@
+"""Prompt lookup: propose what followed the latest earlier occurrence of the sequence's tail n-gram."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import Draft, ProposalContext, Proposer
+
+
+def find_ngram_continuation(token_ids: list[int] | np.ndarray, k: int, max_n: int, min_n: int) -> list[int]:
+    """Longest n (max_n down to min_n) whose tail n-gram occurred earlier; return up to k tokens after it.
+
+    Among earlier occurrences the most recent wins (edits and repeated code tend to copy recent text).
+    >>> find_ngram_continuation([1, 2, 3, 9, 1, 2], k=2, max_n=3, min_n=1)
+    [3, 9]
+    """
+    ids = np.asarray(token_ids, dtype=np.int64)
+    length = len(ids)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        tail = ids[length - n:]
+        # candidate starts s with s + n < length (the continuation must have at least one token)
+        windows = np.lib.stride_tricks.sliding_window_view(ids[: length - 1], n)
+        hits = np.flatnonzero((windows == tail).all(axis=1))
+        hits = hits[hits + n < length]
+        hits = hits[hits != length - n]
+        if hits.size:
+            start = int(hits[-1]) + n
+            return ids[start: start + k].tolist()
+    return []
+
+
+class NgramProposer(Proposer):
+    name = "ngram"
+
+    def __init__(self, prompt_lookup_max: int = 4, prompt_lookup_min: int = 1):
+        if not 1 <= prompt_lookup_min <= prompt_lookup_max:
+            raise ValueError(f"need 1 <= prompt_lookup_min ({prompt_lookup_min}) <= prompt_lookup_max ({prompt_lookup_max})")
+        self.max_n, self.min_n = prompt_lookup_max, prompt_lookup_min
+
+    def propose(self, ctx: ProposalContext, k: int) -> Draft:
+        tokens = find_ngram_continuation(ctx.token_ids, k, self.max_n, self.min_n) if k > 0 else []
+        return Draft(torch.tensor(tokens, dtype=torch.long), None)

@@ -1,0 +1,36 @@
+"""SamplingParams: what a request asks of the sampler, validated on construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16          # new tokens at most (vLLM's default)
+    temperature: float = 1.0      # 0 = greedy (argmax)
+    top_p: float = 1.0            # nucleus mass kept, in (0, 1]
+    top_k: int = -1               # keep the k most likely tokens; -1 or 0 = off
+    min_p: float = 0.0            # drop tokens below min_p * (max probability); 0 = off
+    seed: int | None = None       # per-request generator: same seed, same output
+    stop: list[str] = field(default_factory=list)  # stop strings (excluded from the text)
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off), 0 (off) or a positive integer, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

@@ -1,0 +1,201 @@
+"""Tokenizer and chat template, built from GGUF metadata or HF tokenizer files.
+
+Building a BPE tokenizer from GGUF metadata takes a few seconds; `Tokenizer.save` writes the result
+(`tokenizer.json` + `tokenizer_meta.json`) so a warm start only reads it back.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from .errors import SpecDecError
+
+# Pre-tokenizer split patterns, by GGUF `tokenizer.ggml.pre`.
+_PRE_PATTERNS = {
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "gpt2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+}
+_TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED, _TOKEN_UNUSED = 1, 3, 4, 5
+
+
+class Tokenizer:
+    def __init__(self, tok, meta: dict):
+        self._tok = tok
+        self.meta = meta
+        self.eos_token_ids: list[int] = list(meta.get("eos_token_ids") or [])
+        self.bos_token_id: int | None = meta.get("bos_token_id")
+        self.add_bos: bool = bool(meta.get("add_bos", False))
+        self.chat_template: str | None = meta.get("chat_template")
+        self._template = None
+
+    # -- building ---------------------------------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, reader) -> "Tokenizer":
+        from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        from .models.gguf_weights import field
+
+        kind = field(reader, "tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise SpecDecError(f"unsupported GGUF tokenizer model '{kind}' (supported: byte-level BPE 'gpt2')")
+        tokens = field(reader, "tokenizer.ggml.tokens")
+        types = field(reader, "tokenizer.ggml.token_type") or [_TOKEN_NORMAL] * len(tokens)
+        merges = [tuple(m.split(" ", 1)) for m in field(reader, "tokenizer.ggml.merges")]
+        pre = field(reader, "tokenizer.ggml.pre", "gpt2")
+        pattern = _PRE_PATTERNS.get(pre, _PRE_PATTERNS["gpt2"])
+
+        tok = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+        tok.decoder = decoders.ByteLevel()
+        added = [AddedToken(tokens[i], special=types[i] != _TOKEN_USER_DEFINED, normalized=False)
+                 for i in range(len(tokens)) if types[i] in (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)]
+        tok.add_special_tokens([a for a in added if a.special])
+        tok.add_tokens([a for a in added if not a.special])
+        eos = field(reader, "tokenizer.ggml.eos_token_id")
+        eos_ids = [int(eos)] if eos is not None else []
+        eot = field(reader, "tokenizer.ggml.eot_token_id")
+        if eot is not None and int(eot) not in eos_ids:
+            eos_ids.append(int(eot))
+        bos = field(reader, "tokenizer.ggml.bos_token_id")
+        meta = {
+            "eos_token_ids": eos_ids,
+            "bos_token_id": None if bos is None else int(bos),
+            "add_bos": bool(field(reader, "tokenizer.ggml.add_bos_token", False)),
+            "chat_template": field(reader, "tokenizer.chat_template"),
+        }
+        return cls(tok, meta)
+
+    @classmethod
+    def from_hf_dir(cls, path: Path) -> "Tokenizer":
+        from tokenizers import Tokenizer as HFTokenizer
+
+        path = Path(path)
+        if not (path / "tokenizer.json").is_file():
+            raise SpecDecError(f"{path}: no tokenizer.json (HF-format directories need the fast-tokenizer file)")
+        tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        cfg = _read_json(path / "tokenizer_config.json")
+        gen = _read_json(path / "generation_config.json")
+        model_cfg = _read_json(path / "config.json")
+
+        def token_id(value):
+            if isinstance(value, dict):
+                value = value.get("content")
+            return tok.token_to_id(value) if isinstance(value, str) else None
+
+        eos = gen.get("eos_token_id", model_cfg.get("eos_token_id"))
+        eos_ids = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+        cfg_eos = token_id(cfg.get("eos_token"))
+        if cfg_eos is not None and cfg_eos not in eos_ids:
+            eos_ids.append(cfg_eos)
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default
+            template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+        if (path / "chat_template.jinja").is_file():
+            template = (path / "chat_template.jinja").read_text()
+        bos = token_id(cfg.get("bos_token"))
+        meta = {
+            "eos_token_ids": eos_ids,
+            "bos_token_id": bos,
+            "add_bos": bool(cfg.get("add_bos_token", False)) and bos is not None,
+            "chat_template": template,
+        }
+        return cls(tok, meta)
+
+    def save(self, directory: Path) -> None:
+        directory = Path(directory)
+        self._tok.save(str(directory / "tokenizer.json"))
+        (directory / "tokenizer_meta.json").write_text(json.dumps(self.meta))
+
+    @classmethod
+    def load(cls, directory: Path) -> "Tokenizer":
+        from tokenizers import Tokenizer as HFTokenizer
+
+        directory = Path(directory)
+        tok = HFTokenizer.from_file(str(directory / "tokenizer.json"))
+        return cls(tok, json.loads((directory / "tokenizer_meta.json").read_text()))
+
+    # -- use --------------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise SpecDecError("this model has no chat template; pass raw text (--no-chat)")
+        if self._template is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message):
+                raise SpecDecError(f"chat template: {message}")
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            self._template = env.from_string(self.chat_template)
+        bos = self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
+        eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=bos, eos_token=eos, tools=None)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        text = self.apply_chat_template(messages)
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        # templates usually write the BOS themselves; add it only when asked and absent
+        if self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
+            ids = [self.bos_token_id] + ids
+        return ids
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas that never split a UTF-8 character.
+
+    Decodes a short window (prefix_offset..end) and emits what it adds beyond the already-emitted
+    part (prefix_offset..read_offset); while the window ends in U+FFFD (half a multi-byte character,
+    the rest still to come in the next token) nothing is emitted.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_tail: list[int] | None = None):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = list(prompt_tail or [])
+        # Start with a little context so leading-space handling matches a full decode.
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def add(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        new_text = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return new_text[len(prefix_text):]
+        return ""
+
+    def flush(self) -> str:
+        """At the end: whatever is held back (e.g. a genuinely invalid byte sequence)."""
+        prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        new_text = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return new_text[len(prefix_text):]
