@@ -57,6 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true", help="do not print the generated text")
 
     sub.add_parser("models", help="list built-in models and what is installed / assembled")
+
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
+    bd = bsub.add_parser("decode", help="decode speed per method and k on the built-in prompts")
+    _add_model_args(bd)
+    bd.add_argument("--methods", default="none,ngram,draft", help="comma-separated: none,ngram,draft")
+    bd.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
+    bd.add_argument("--categories", default=None, help="comma-separated built-in categories (default: all)")
+    bd.add_argument("--max-tokens", type=int, default=128)
+    bd.add_argument("--out", default=None, help="write results JSON here")
+    return parser
     return parser
 
 
@@ -120,6 +131,29 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from .bench.decode import format_table, run_decode_bench
+    from .config import METHODS
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise SpecDecError(f"unknown method '{bad[0]}' (choose from: {', '.join(METHODS)})")
+    try:
+        ks = [int(k) for k in args.k.split(",")]
+    except ValueError:
+        raise SpecDecError(f"--k takes comma-separated integers, got '{args.k}'") from None
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    result = run_decode_bench(args.target, args.draft, methods, ks,
+                              args.categories.split(",") if args.categories else None, args.max_tokens,
+                              args.dtype, args.out)
+    print(format_table(result))
+    return 0
+
+
 def _summary(s) -> str:
     parts = [f"[{s.method}] {s.prompt_tokens} prompt + {s.completion_tokens} completion tokens ({s.finish_reason})",
              f"TTFT {s.ttft_s * 1000:.0f} ms", f"TPOT {s.tpot_s * 1000:.1f} ms", f"decode {s.decode_tok_s:.2f} tok/s"]
@@ -136,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_models(args)
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "bench":
+            return cmd_bench(args)
     except (SpecDecError, ValueError) as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
         return 1

@@ -143,7 +143,8 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool):
     def work(item):
         name, tensor = item
         # dequantize to fp32, then straight to the runtime dtype to halve peak memory in bf16
-        return name, torch.from_numpy(np.ascontiguousarray(dequantize_hf(name, tensor, cfg)))
+        arr = np.ascontiguousarray(dequantize_hf(name, tensor, cfg))
+        return name, torch.from_numpy(arr if arr.flags.writeable else arr.copy())
 
     hf: dict[str, torch.Tensor] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool, tqdm(

@@ -1,0 +1,153 @@
+"""Engine behaviour on tiny models: greedy parity for every proposer, termination inside accepted runs,
+seeded determinism, draft/target compatibility."""
+import pytest
+import torch
+
+from specdec.engine import Engine
+from specdec.errors import SpecDecError
+from specdec.models.loader import load_model
+from specdec.proposers import DraftModelProposer, NgramProposer, check_compatible
+from specdec.proposers.base import Draft, Proposer
+from specdec.sampling_params import SamplingParams
+
+PROMPT = "def add(a, b):\n    return a + b\n\nclass Cache:"
+
+
+def _engine(target, proposer=None, k=0):
+    return Engine(target.model, target.tokenizer, proposer, k)
+
+
+def _ids(target, text=PROMPT):
+    return target.tokenizer.encode(text)
+
+
+class OracleProposer(Proposer):
+    """Proposes the known greedy continuation (full acceptance), to drive multi-token commits."""
+    name = "oracle"
+
+    def __init__(self, prompt_len, continuation):
+        self.prompt_len, self.continuation = prompt_len, continuation
+
+    def propose(self, ctx, k):
+        done = len(ctx.token_ids) - self.prompt_len
+        return Draft(torch.tensor(self.continuation[done: done + k], dtype=torch.long))
+
+
+def _greedy(max_tokens=40, **kw):
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_parity_every_proposer(tiny_models, k):
+    target, draft = tiny_models
+    ids = _ids(target)
+    base = _engine(target).generate(ids, _greedy())
+    assert len(base.token_ids) == 40
+    proposers = {
+        "ngram": NgramProposer(3, 1),
+        "draft": DraftModelProposer(draft.model, target.tokenizer.vocab_size),   # an unrelated random draft
+        "self": DraftModelProposer(target.model, target.tokenizer.vocab_size),   # draft == target: all accepted
+    }
+    for name, proposer in proposers.items():
+        out = _engine(target, proposer, k).generate(ids, _greedy())
+        assert out.token_ids == base.token_ids, name
+        assert out.text == base.text, name
+    # the self-draft exercised the all-accepted path (bonus + consuming the last draft token)
+    out = _engine(target, DraftModelProposer(target.model, target.tokenizer.vocab_size), k).generate(ids, _greedy())
+    assert out.stats.acceptance_rate == 1.0
+    assert out.stats.mean_accepted_length == pytest.approx(1 + k, abs=0.5)
+
+
+def _continuation(target, n=30):
+    return _engine(target).generate(_ids(target), _greedy(n)).token_ids
+
+
+def test_eos_inside_accepted_run_ends_output(tiny_models):
+    target, _ = tiny_models
+    cont = _continuation(target)
+    eos_pos = 6
+    eos = cont[eos_pos]
+    engine = _engine(target, OracleProposer(len(_ids(target)), cont), 5)
+    engine.eos_ids = frozenset({eos})
+    out = engine.generate(_ids(target), SamplingParams(max_tokens=30, temperature=0))
+    first = cont.index(eos)
+    assert out.token_ids == cont[: first + 1]
+    assert out.finish_reason == "stop"
+    assert out.stats.completion_tokens == first + 1
+
+
+def test_stop_string_spanning_tokens_cuts_text(tiny_models):
+    target, _ = tiny_models
+    cont = _continuation(target)
+    tok = target.tokenizer
+    full = tok.decode(cont)
+    # a stop string made of the end of token 4's text and the start of token 5's
+    a, b = tok.decode(cont[:5]), tok.decode(cont[:6])
+    stop = a[-2:] + b[len(a): len(a) + 2] if len(b) > len(a) + 1 else a[-3:]
+    assert stop
+    engine = _engine(target, OracleProposer(len(_ids(target)), cont), 5)
+    out = engine.generate(_ids(target), _greedy(30, stop=[stop]))
+    assert out.finish_reason == "stop"
+    assert stop not in out.text
+    assert out.text == full[: full.index(stop)]
+    streamed = "".join(d.text for d in engine.stream(_ids(target), _greedy(30, stop=[stop])))
+    assert streamed == out.text
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 7, 13])
+def test_exact_max_tokens(tiny_models, max_tokens):
+    target, _ = tiny_models
+    cont = _continuation(target)
+    engine = _engine(target, OracleProposer(len(_ids(target)), cont), 5)
+    out = engine.generate(_ids(target), _greedy(max_tokens))
+    assert len(out.token_ids) == max_tokens == out.stats.completion_tokens
+    assert out.token_ids == cont[:max_tokens]
+    assert out.finish_reason == "length"
+
+
+def test_seeded_sampling_is_reproducible(tiny_models):
+    target, draft = tiny_models
+    ids = _ids(target)
+    params = SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=123, ignore_eos=True)
+    runs = [_engine(target, DraftModelProposer(draft.model, target.tokenizer.vocab_size), 3).generate(ids, params)
+            for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids
+    other = _engine(target, DraftModelProposer(draft.model, target.tokenizer.vocab_size), 3).generate(
+        ids, SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=124, ignore_eos=True))
+    assert other.token_ids != runs[0].token_ids
+
+
+def test_draft_cache_follows_committed_tokens(tiny_models):
+    target, draft = tiny_models
+    proposer = DraftModelProposer(draft.model, target.tokenizer.vocab_size)
+    engine = _engine(target, proposer, 4)
+    seq = engine.new_sequence(_ids(target), _greedy(20))
+    for _ in engine.run(seq):
+        if seq.seq_id in proposer.caches and not seq.finished:
+            # the draft cache never holds a token that was not committed
+            assert proposer.caches[seq.seq_id].length <= len(seq.token_ids)
+    assert seq.seq_id not in proposer.caches   # released at the end
+
+
+def test_mismatched_draft_refused(tiny_dirs, tiny_models):
+    target, _ = tiny_models
+    other = load_model(str(tiny_dirs["other_vocab"]), dtype="float32", device="cpu", progress=False)
+    with pytest.raises(SpecDecError, match="vocabular"):
+        check_compatible(target.tokenizer, other.tokenizer, target.config.vocab_size, other.config.vocab_size)
+    check_compatible(target.tokenizer, tiny_models[1].tokenizer, target.config.vocab_size,
+                     tiny_models[1].config.vocab_size)
+
+
+def test_prompt_longer_than_context_is_refused(tiny_models):
+    target, _ = tiny_models
+    with pytest.raises(SpecDecError, match="context window"):
+        _engine(target).generate(list(range(5, 5 + 300)), _greedy(4))
+
+
+def test_ngram_lookup_prefers_longest_then_most_recent():
+    from specdec.proposers.ngram import find_ngram_continuation
+
+    assert find_ngram_continuation([1, 2, 3, 9, 1, 2], 2, 3, 1) == [3, 9]
+    assert find_ngram_continuation([7, 1, 5, 8, 1, 6, 1], 2, 3, 1) == [6, 1]   # most recent "1"
+    assert find_ngram_continuation([4, 5, 6, 4, 5, 7, 9, 4, 5], 3, 3, 2) == [7, 9, 4]
+    assert find_ngram_continuation([1, 2, 3], 3, 3, 1) == []
