@@ -7,7 +7,7 @@ from specdec.cli import main
 def test_bench_decode_tiny(capsys, tiny_dirs, tmp_path):
     out = tmp_path / "bench.json"
     rc = main(["bench", "decode", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
-               "--methods", "none,ngram,draft", "--k", "2,3", "--categories", "code-edit", "--max-tokens", "8",
+               "--methods", "none,ngram,draft", "--k", "2,3", "--categories", "code-gen", "--max-tokens", "8",
                "--dtype", "float32", "--out", str(out)])
     assert rc == 0
     table = capsys.readouterr().out
