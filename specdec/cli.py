@@ -28,6 +28,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="draft tokens per step (default: 4 for draft, 8 for ngram)")
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--prompt-lookup-min", type=int, default=1)
+    p.add_argument("--draft-quantization", default=None, choices=["none", "int8"],
+                   help="draft model weights: runtime dtype or weight-only int8 (CPU)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
     bd.add_argument("--categories", default=None, help="comma-separated built-in categories (default: all)")
     bd.add_argument("--max-tokens", type=int, default=128)
+    bd.add_argument("--draft-quantization", default=None, choices=["none", "int8"])
     bd.add_argument("--out", default=None, help="write results JSON here")
     return parser
     return parser
@@ -102,7 +105,8 @@ def cmd_generate(args) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop)
     spec = SpeculativeConfig(method=args.method, num_speculative_tokens=args.k, model=args.draft,
-                             prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min)
+                             prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
+                             quantization=args.draft_quantization)
     llm = LLM(target=args.target, draft=args.draft, speculative=spec, dtype=args.dtype, device=args.device,
               max_model_len=args.max_model_len, num_threads=args.threads)
     out = sys.stdout
@@ -149,7 +153,7 @@ def cmd_bench(args) -> int:
         torch.set_num_threads(args.threads)
     result = run_decode_bench(args.target, args.draft, methods, ks,
                               args.categories.split(",") if args.categories else None, args.max_tokens,
-                              args.dtype, args.out)
+                              args.dtype, args.out, draft_quantization=args.draft_quantization)
     print(format_table(result))
     return 0
 

@@ -17,6 +17,7 @@ class SpeculativeConfig:
     model: str | None = None                # draft model (method "draft"); None = the default draft
     prompt_lookup_max: int = 4              # n-gram: longest tail n-gram tried first
     prompt_lookup_min: int = 1              # n-gram: shortest n-gram accepted
+    quantization: str | None = None         # draft model weights: None (runtime dtype) or "int8" (CPU)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -27,6 +28,10 @@ class SpeculativeConfig:
             self.num_speculative_tokens = 0
         elif not 1 <= self.num_speculative_tokens <= 32:
             raise ValueError(f"num_speculative_tokens must be in 1..32, got {self.num_speculative_tokens}")
+        if self.quantization in ("none", ""):
+            self.quantization = None
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"unknown draft quantization '{self.quantization}' (choose from: none, int8)")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                              f"{self.prompt_lookup_min}, {self.prompt_lookup_max}")

@@ -36,7 +36,8 @@ class LLM:
         self.draft: LoadedModel | None = None
         if self.speculative.method == "draft":
             draft = draft or self.speculative.model or DEFAULT_DRAFT
-            self.draft = load_model(draft, dtype=dtype, device=device, progress=progress)
+            self.draft = load_model(draft, dtype=dtype, device=device, progress=progress,
+                                    quantize=self.speculative.quantization)
             check_compatible(self.tokenizer, self.draft.tokenizer, self.target.config.vocab_size,
                              self.draft.config.vocab_size)
         self.engine = self.make_engine(self.speculative)

@@ -80,3 +80,20 @@ def test_multi_token_forward_equals_one_at_a_time(tiny_models):
     cache = model.new_kv_cache(32)
     _step(model, cache, tokens[:3])
     assert torch.allclose(_step(model, cache, tokens[3:]), batched[3:], atol=1e-4)
+
+
+def test_bf16_verification_forward_is_bit_identical_to_one_token_steps(tiny_dirs):
+    """On CPU (packed weights) every row of a multi-token forward equals the one-token step exactly."""
+    lm = load_model(str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False)
+    model = lm.model
+    assert model.min_query_rows > 1 and model.key_block > 1   # batch-invariant mode is on
+    torch.manual_seed(0)
+    for prefix_len in (5, 40, 61, 62, 63, 64, 100):
+        prefix = torch.randint(0, 300, (prefix_len,)).tolist()
+        tokens = torch.randint(0, 300, (9,)).tolist()
+        cache = model.new_kv_cache(256)
+        _step(model, cache, prefix)
+        single = torch.cat([_step(model, cache, [t]) for t in tokens])
+        for T in range(2, 10):
+            cache.rollback(prefix_len)
+            assert torch.equal(_step(model, cache, tokens[:T]), single[:T]), (prefix_len, T)

@@ -55,3 +55,15 @@ def test_real_pair_greedy_parity_fp32(llm_fp32):
             assert out.text == base.text
         # the real draft agrees with the target most of the time on code
         assert out.stats.acceptance_rate > 0.4
+
+
+def test_real_pair_greedy_parity_bf16():
+    """bf16 on CPU: verification forwards are batch-invariant, so greedy speculation is token-exact."""
+    llm = LLM(speculative=SpeculativeConfig(method="draft", num_speculative_tokens=4), progress=False)
+    params = SamplingParams(max_tokens=64, temperature=0.0)
+    prompts = PROMPTS + ["Write a short story about a lighthouse keeper.", "用中文介绍一下你最喜欢的季节。"]
+    for prompt in prompts:
+        base = llm.generate(prompt, params, engine=llm.make_engine(SpeculativeConfig("none")))[0]
+        for method in ("ngram", "draft"):
+            out = llm.generate(prompt, params, engine=llm.make_engine(SpeculativeConfig(method)))[0]
+            assert out.token_ids == base.token_ids, (method, prompt)

@@ -16,14 +16,14 @@ from .prompts import BUILTIN_PROMPTS
 
 
 def measure_read_bandwidth_gbs(mb: int = 1024) -> float:
-    """Read bandwidth of this machine now (a sum over a buffer larger than any cache)."""
+    """Read bandwidth of this machine now: a max over random int32 data far larger than any cache."""
     import torch
 
-    buf = torch.ones(mb * 1024 * 1024 // 2, dtype=torch.bfloat16)
-    buf.sum()
+    buf = torch.randint(0, 1 << 30, (mb * 1024 * 1024 // 4,), dtype=torch.int32)
+    buf.max()
     t0 = time.perf_counter()
     for _ in range(5):
-        buf.sum()
+        buf.max()
     return 5 * buf.nbytes / (time.perf_counter() - t0) / 1e9
 
 
@@ -45,11 +45,12 @@ def divergence_margin(llm: LLM, prompt_ids: list[int], base_ids: list[int], othe
 
 
 def run_decode_bench(target: str, draft: str | None, methods: list[str], ks: list[int], categories: list[str] | None,
-                     max_tokens: int, dtype: str, out: str | None) -> dict:
+                     max_tokens: int, dtype: str, out: str | None, draft_quantization: str | None = None) -> dict:
     need_draft = "draft" in methods
     t0 = time.perf_counter()
     llm = LLM(target=target, draft=draft, dtype=dtype,
-              speculative=SpeculativeConfig(method="draft" if need_draft else "none"), progress=True)
+              speculative=SpeculativeConfig(method="draft" if need_draft else "none", quantization=draft_quantization),
+              progress=True)
     load_s = time.perf_counter() - t0
     prompts = [p for p in BUILTIN_PROMPTS if not categories or p["category"] in categories]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
@@ -83,6 +84,7 @@ def run_decode_bench(target: str, draft: str | None, methods: list[str], ks: lis
                          "parity": sum(r["parity"] for r in sel) / len(sel),
                          "divergence_margins": [round(r["divergence_margin"], 4) for r in sel if not r["parity"]]})
     result = {"target": llm.target.name, "draft": llm.draft.name if llm.draft else None, "dtype": dtype,
+              "draft_quantization": draft_quantization,
               "max_tokens": max_tokens, "load_s": load_s, "read_bandwidth_gbs": measure_read_bandwidth_gbs(),
               "target_weight_gb": llm.target.weight_bytes / 1e9, "rows": rows, "runs": runs}
     if out:

@@ -35,6 +35,7 @@ class Sequence:
         self._emitted = 0                           # chars of self.text already handed out
         self._stop_scan = 0                         # chars already searched for stop strings
         self._holdback = max((len(s) for s in self.params.stop), default=1) - 1
+        self._stopped_by_string = False
 
     @property
     def finished(self) -> bool:
@@ -57,12 +58,10 @@ class Sequence:
                 break
             if len(self.output_ids) >= self.params.max_tokens or len(self.token_ids) >= self.max_len:
                 self.finish_reason = "length"
-        if self.finish_reason in ("length",) or (self.finish_reason == "stop" and not self._stopped_by_string):
-            self.text += self._detok.flush()
+        if self.finished and not self._stopped_by_string:
+            self.text += self._detok.flush()   # text held back for an incomplete character
         self.stats.completion_tokens = len(self.output_ids)
         return taken
-
-    _stopped_by_string = False
 
     def _check_stop(self) -> bool:
         start = max(0, self._stop_scan - self._holdback)

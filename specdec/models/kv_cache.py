@@ -20,14 +20,17 @@ class KVCache:
         self.max_len = max_len
         self.length = 0
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
-        """Store k, v  # [B, Hkv, T, D] at positions start..start+T; return views over 0..start+T."""
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v  # [B, Hkv, T, D] at positions start..start+T."""
         end = start + k.shape[2]
         if end > self.max_len:
             raise IndexError(f"KV cache overflow: {end} positions > capacity {self.max_len}")
         self.k[layer, :, :, start:end] = k
         self.v[layer, :, :, start:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of positions 0..length  # [B, Hkv, length, D], views (no copy)."""
+        return self.k[layer, :, :, :length], self.v[layer, :, :, :length]
 
     def rollback(self, to_length: int) -> None:
         """Forget every position >= to_length. O(1): moves the length, copies nothing."""

@@ -178,8 +178,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | torch.device | None = None,
-               progress: bool = True, pack: bool = True) -> LoadedModel:
-    """Load a model argument for inference; converts and caches on first use."""
+               progress: bool = True, pack: bool = True, quantize: str | None = None) -> LoadedModel:
+    """Load a model argument for inference; converts and caches on first use.
+
+    quantize="int8": weight-only int8 linears (CPU), e.g. for a draft model whose steps are one token.
+    """
     from safetensors.torch import load_file, save_file
 
     t0 = time.perf_counter()
@@ -209,7 +212,11 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
     state = load_file(str(entry / "model.safetensors"), device=str(device))
     model.load_state_dict(state, assign=True, strict=True)
     model.eval().requires_grad_(False)
-    if pack:
+    if quantize == "int8":
+        model.quantize_int8()
+    elif quantize is not None:
+        raise SpecDecError(f"unknown quantization '{quantize}' (choose from: int8)")
+    elif pack:
         model.pack_for_cpu()
     return LoadedModel(name=name, source=source, model=model, tokenizer=tokenizer, config=cfg,
                        load_s=time.perf_counter() - t0, converted=converted)

@@ -63,8 +63,12 @@ class Attention(nn.Module):
         k = k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)   # [B, Hkv, T, D]
         v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_all, v_all = kv_cache.write(self.layer_idx, start, k, v)           # [B, Hkv, start+T, D] views
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+        kv_cache.write(self.layer_idx, start, k, v)
+        key_len = start + T if mask is None else mask.shape[1]   # may include masked padding keys
+        k_all, v_all = kv_cache.view(self.layer_idx, key_len)               # [B, Hkv, key_len, D]
+        if mask is not None and mask.shape[0] > T:   # pad queries: see Transformer.min_query_rows
+            q = torch.cat([q, q.new_zeros(B, self.num_heads, mask.shape[0] - T, self.head_dim)], dim=2)
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)[:, :, :T]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -102,6 +106,12 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._rope_len = 0
+        # Batch-invariant decoding (set by pack_for_cpu): attention runs over at least `min_query_rows`
+        # query rows (zero-padded) and over keys padded with masked entries to a multiple of
+        # `key_block`, so a one-token step and a (k+1)-token verification forward take the same kernel
+        # paths and give bit-identical logits per row (measured on oneDNN / CPU flash attention).
+        self.min_query_rows = 1
+        self.key_block = 1
 
     def _rope(self, positions: torch.Tensor):
         needed = int(positions.max()) + 1
@@ -121,8 +131,13 @@ class Transformer(nn.Module):
         start = kv_cache.length
         cos, sin = self._rope(positions)
         mask = None
-        if T > 1:  # query i (position start+i) sees keys 0..start+i
-            mask = torch.ones(T, start + T, dtype=torch.bool, device=input_ids.device).tril(diagonal=start)
+        rows = max(T, self.min_query_rows)
+        if rows > 1:  # query i (position start+i) sees keys 0..start+i; padded rows see all keys
+            key_len = start + T
+            if self.key_block > 1:
+                key_len = min(-(-key_len // self.key_block) * self.key_block, kv_cache.max_len)
+            mask = torch.zeros(rows, key_len, dtype=torch.bool, device=input_ids.device)
+            mask[:, : start + T] = torch.ones(rows, start + T, dtype=torch.bool, device=input_ids.device).tril(start)
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, kv_cache, start, mask)
@@ -136,24 +151,41 @@ class Transformer(nn.Module):
             return F.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
 
+    def _untie_head(self) -> None:
+        if self.lm_head is None:
+            self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False,
+                                     dtype=self.embed_tokens.weight.dtype, device="meta")
+            self.lm_head.weight = nn.Parameter(self.embed_tokens.weight.detach(), requires_grad=False)
+
     def pack_for_cpu(self) -> None:
         """Pre-pack linear weights for oneDNN (CPU only; a no-op elsewhere). Tied heads get their own copy."""
         from .packed_linear import can_pack, pack_linears
 
         if not can_pack(self.embed_tokens.weight):
             return
-        if self.lm_head is None:
-            self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False,
-                                     dtype=self.embed_tokens.weight.dtype)
-            self.lm_head.weight = nn.Parameter(self.embed_tokens.weight.detach(), requires_grad=False)
+        self._untie_head()
         pack_linears(self)
+        from .packed_linear import KEY_BLOCK, MIN_ROWS
+
+        self.min_query_rows = MIN_ROWS
+        self.key_block = KEY_BLOCK
+
+    def quantize_int8(self) -> None:
+        """Weight-only int8 for every linear, the output head included (CPU)."""
+        from .quant import can_int8, quantize_linears_int8
+
+        if not can_int8(self.embed_tokens.weight.device):
+            raise ValueError("int8 weight-only quantization is available on CPU only")
+        self._untie_head()
+        quantize_linears_int8(self)
 
     def weight_nbytes(self) -> int:
-        """Bytes of weights held, packed linears included."""
-        packed = sum(m.nbytes for m in self.modules() if hasattr(m, "packed"))
+        """Bytes of weights held, packed and int8 linears included."""
+        packed = sum(m.nbytes for m in self.modules() if isinstance(getattr(m, "nbytes", None), int))
         return packed + sum(p.nbytes for p in self.parameters())
 
     def new_kv_cache(self, max_len: int, batch: int = 1) -> KVCache:
         p = self.embed_tokens.weight
         c = self.config
+        max_len = -(-max_len // self.key_block) * self.key_block   # room for the masked key padding
         return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, max_len, p.dtype, p.device)
