@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--categories", default=None, help="comma-separated built-in categories (default: all)")
     bd.add_argument("--max-tokens", type=int, default=128)
     bd.add_argument("--draft-quantization", default=None, choices=["none", "int8"])
+    bd.add_argument("--prompt-lookup-max", type=int, default=4)
+    bd.add_argument("--prompt-lookup-min", type=int, default=1)
     bd.add_argument("--out", default=None, help="write results JSON here")
     return parser
     return parser
@@ -153,7 +155,8 @@ def cmd_bench(args) -> int:
         torch.set_num_threads(args.threads)
     result = run_decode_bench(args.target, args.draft, methods, ks,
                               args.categories.split(",") if args.categories else None, args.max_tokens,
-                              args.dtype, args.out, draft_quantization=args.draft_quantization)
+                              args.dtype, args.out, draft_quantization=args.draft_quantization,
+                              prompt_lookup=(args.prompt_lookup_max, args.prompt_lookup_min))
     print(format_table(result))
     return 0
 

@@ -15,18 +15,6 @@ from ..sampling_params import SamplingParams
 from .prompts import BUILTIN_PROMPTS
 
 
-def measure_read_bandwidth_gbs(mb: int = 1024) -> float:
-    """Read bandwidth of this machine now: a max over random int32 data far larger than any cache."""
-    import torch
-
-    buf = torch.randint(0, 1 << 30, (mb * 1024 * 1024 // 4,), dtype=torch.int32)
-    buf.max()
-    t0 = time.perf_counter()
-    for _ in range(5):
-        buf.max()
-    return 5 * buf.nbytes / (time.perf_counter() - t0) / 1e9
-
-
 def divergence_margin(llm: LLM, prompt_ids: list[int], base_ids: list[int], other_ids: list[int]) -> float | None:
     """Target's top-2 logit margin at the first token where two outputs differ (None if identical).
 
@@ -45,7 +33,8 @@ def divergence_margin(llm: LLM, prompt_ids: list[int], base_ids: list[int], othe
 
 
 def run_decode_bench(target: str, draft: str | None, methods: list[str], ks: list[int], categories: list[str] | None,
-                     max_tokens: int, dtype: str, out: str | None, draft_quantization: str | None = None) -> dict:
+                     max_tokens: int, dtype: str, out: str | None, draft_quantization: str | None = None,
+                     prompt_lookup: tuple[int, int] = (4, 1)) -> dict:
     need_draft = "draft" in methods
     t0 = time.perf_counter()
     llm = LLM(target=target, draft=draft, dtype=dtype,
@@ -56,7 +45,10 @@ def run_decode_bench(target: str, draft: str | None, methods: list[str], ks: lis
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     llm.generate(prompts[0]["messages"], SamplingParams(max_tokens=8, temperature=0.0))  # warm-up
     configs = [("none", 0)] + [(m, k) for m in methods if m != "none" for k in ks]
-    engines = {(m, k): llm.make_engine(SpeculativeConfig(method=m, num_speculative_tokens=k or None)) for m, k in configs}
+    engines = {(m, k): llm.make_engine(SpeculativeConfig(method=m, num_speculative_tokens=k or None,
+                                                         prompt_lookup_max=prompt_lookup[0],
+                                                         prompt_lookup_min=prompt_lookup[1]))
+               for m, k in configs}
     runs = []
     for i, prompt in enumerate(prompts):
         for (m, k), engine in engines.items():
@@ -84,9 +76,11 @@ def run_decode_bench(target: str, draft: str | None, methods: list[str], ks: lis
                          "parity": sum(r["parity"] for r in sel) / len(sel),
                          "divergence_margins": [round(r["divergence_margin"], 4) for r in sel if not r["parity"]]})
     result = {"target": llm.target.name, "draft": llm.draft.name if llm.draft else None, "dtype": dtype,
-              "draft_quantization": draft_quantization,
-              "max_tokens": max_tokens, "load_s": load_s, "read_bandwidth_gbs": measure_read_bandwidth_gbs(),
-              "target_weight_gb": llm.target.weight_bytes / 1e9, "rows": rows, "runs": runs}
+              "draft_quantization": draft_quantization, "prompt_lookup_max_min": list(prompt_lookup),
+              "max_tokens": max_tokens, "load_s": load_s,
+              # bytes a target forward streams: every weight but the embedding table (only rows are gathered)
+              "target_read_gb_per_forward": (llm.target.weight_bytes - llm.target.model.embed_tokens.weight.nbytes) / 1e9,
+              "rows": rows, "runs": runs}
     if out:
         from ..cli import _write_json_atomic
 
@@ -94,10 +88,16 @@ def run_decode_bench(target: str, draft: str | None, methods: list[str], ks: lis
     return result
 
 
+def _baseline_gbs(result: dict) -> float:
+    speeds = [r["decode_tok_s"] for r in result["rows"] if r["method"] == "none"]
+    return result["target_read_gb_per_forward"] * statistics.median(speeds) if speeds else 0.0
+
+
 def format_table(result: dict) -> str:
     lines = [f"target {result['target']}  draft {result['draft']}  dtype {result['dtype']}  "
              f"max_tokens {result['max_tokens']}  load {result['load_s']:.1f}s  "
-             f"read bandwidth now {result['read_bandwidth_gbs']:.1f} GB/s",
+             f"target reads {result['target_read_gb_per_forward']:.2f} GB/forward "
+             f"(plain decode at {_baseline_gbs(result):.1f} GB/s)",
              f"{'method':8s} {'k':>2s} {'category':12s} {'tok/s':>7s} {'speedup':>8s} {'accept':>7s} {'mal':>5s} {'parity':>6s}"]
     for r in result["rows"]:
         acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"

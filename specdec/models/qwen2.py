@@ -165,10 +165,11 @@ class Transformer(nn.Module):
             return
         self._untie_head()
         pack_linears(self)
-        from .packed_linear import KEY_BLOCK, MIN_ROWS
+        if self.embed_tokens.weight.dtype == torch.bfloat16:
+            from .packed_linear import KEY_BLOCK, MIN_ROWS
 
-        self.min_query_rows = MIN_ROWS
-        self.key_block = KEY_BLOCK
+            self.min_query_rows = MIN_ROWS
+            self.key_block = KEY_BLOCK
 
     def quantize_int8(self) -> None:
         """Weight-only int8 for every linear, the output head included (CPU)."""

@@ -42,17 +42,17 @@ class DraftModelProposer(Proposer):
     """
     name = "draft"
 
-    def __init__(self, model: Transformer, vocab_size: int, max_len: int = 4096):
+    def __init__(self, model: Transformer, vocab_size: int):
         self.model = model
         self.vocab_size = vocab_size                 # compare on the shared vocabulary
-        self.max_len = max_len
         self.caches: dict[int, KVCache] = {}
 
     def _cache(self, seq_id: int, needed: int) -> KVCache:
         cache = self.caches.get(seq_id)
         if cache is None or cache.max_len < needed:
-            cache = self.model.new_kv_cache(max(needed, 256))
-            self.caches[seq_id] = cache  # a regrown cache starts empty and is refilled below
+            # headroom so a request rarely regrows; a regrown cache starts empty and is refilled below
+            cache = self.model.new_kv_cache(needed + 1024)
+            self.caches[seq_id] = cache
         return cache
 
     @torch.inference_mode()
