@@ -172,3 +172,23 @@ def test_int8_linear_close_to_float():
     ref = torch.nn.functional.linear(x, w, b)
     out = Int8Linear(w, b, torch.float32)(x)
     assert (out - ref).abs().max() / ref.abs().max() < 0.02
+
+
+def test_draft_with_same_size_but_different_token_text_refused(tiny_dirs, tiny_models, tmp_path):
+    import json
+    import shutil
+
+    from specdec.tokenizer import Tokenizer
+
+    target = tiny_models[0]
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        shutil.copy(tiny_dirs["target"] / name, tmp_path / name)
+    data = json.loads((tmp_path / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[100:102]
+    vocab[a], vocab[b] = vocab[b], vocab[a]          # same size, two ids swapped
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    swapped = Tokenizer.from_hf_dir(tmp_path)
+    assert swapped.vocab_size == target.tokenizer.vocab_size
+    with pytest.raises(SpecDecError, match="token text differs"):
+        check_compatible(target.tokenizer, swapped, target.config.vocab_size, target.config.vocab_size)

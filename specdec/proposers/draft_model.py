@@ -27,7 +27,7 @@ def check_compatible(target_tok: Tokenizer, draft_tok: Tokenizer, target_vocab: 
                            f"tokenizer vocabulary ({target_tok.vocab_size})")
     tv, dv = target_tok._tok.get_vocab(with_added_tokens=True), draft_tok._tok.get_vocab(with_added_tokens=True)
     if tv != dv:
-        diff = next(t for t in tv if dv.get(t) != tv[t]) if any(dv.get(t) != i for t, i in tv.items()) else next(iter(dv.keys() - tv.keys()))
+        diff = min(t for t in tv.keys() | dv.keys() if tv.get(t) != dv.get(t))
         raise SpecDecError(f"draft and target token text differs: token {diff!r} is id {tv.get(diff)} in the "
                            f"target and id {dv.get(diff)} in the draft")
 
