@@ -121,6 +121,7 @@ def cmd_generate(args) -> int:
         final = delta
     if not args.quiet:
         out.write("\n")
+        out.flush()
     stats = final.stats
     record = {"target": llm.target.name, "draft": llm.draft.name if llm.draft else None, **stats.to_dict()}
     if args.compare:
