@@ -2,13 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
-from pathlib import Path
 
 from .errors import SpecDecError
+from .utils import write_json_atomic
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -76,15 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _write_json_atomic(path: str, data: dict) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, target)
-
-
 def cmd_models(args) -> int:
     from .models.registry import BUILTIN_MODELS, assembled_path, is_assembled, part_paths
 
@@ -134,7 +122,7 @@ def cmd_generate(args) -> int:
         print(f"baseline decode {record['baseline']['decode_tok_s']:.2f} tok/s; speedup {record['speedup']:.2f}x; "
               f"parity {record['parity']}", file=sys.stderr)
     if args.stats_json:
-        _write_json_atomic(args.stats_json, record)
+        write_json_atomic(args.stats_json, record)
     return 0
 
 

@@ -127,6 +127,8 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
+        """Text -> ids; special tokens written in the text are recognised; BOS added if the model wants it
+        and the text does not start with it (chat templates usually write it themselves)."""
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id] + ids
@@ -157,12 +159,7 @@ class Tokenizer:
                                      bos_token=bos, eos_token=eos, tools=None)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        text = self.apply_chat_template(messages)
-        ids = self._tok.encode(text, add_special_tokens=False).ids
-        # templates usually write the BOS themselves; add it only when asked and absent
-        if self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
-            ids = [self.bos_token_id] + ids
-        return ids
+        return self.encode(self.apply_chat_template(messages))
 
 
 def _read_json(path: Path) -> dict:

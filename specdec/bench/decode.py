@@ -12,6 +12,7 @@ import time
 from ..config import SpeculativeConfig
 from ..llm import LLM
 from ..sampling_params import SamplingParams
+from ..utils import write_json_atomic
 from .prompts import BUILTIN_PROMPTS
 
 
@@ -82,9 +83,7 @@ def run_decode_bench(target: str, draft: str | None, methods: list[str], ks: lis
               "target_read_gb_per_forward": (llm.target.weight_bytes - llm.target.model.embed_tokens.weight.nbytes) / 1e9,
               "rows": rows, "runs": runs}
     if out:
-        from ..cli import _write_json_atomic
-
-        _write_json_atomic(out, result)
+        write_json_atomic(out, result)
     return result
 
 
