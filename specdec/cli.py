@@ -23,6 +23,10 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="none", choices=["none", "ngram", "draft"], help="speculative method")
     p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=None,
                    help="draft tokens per step (default: 4 for draft, 8 for ngram)")
+    _add_proposer_args(p)
+
+
+def _add_proposer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--prompt-lookup-min", type=int, default=1)
     p.add_argument("--draft-quantization", default=None, choices=["none", "int8"],
@@ -65,11 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
     bd.add_argument("--categories", default=None, help="comma-separated built-in categories (default: all)")
     bd.add_argument("--max-tokens", type=int, default=128)
-    bd.add_argument("--draft-quantization", default=None, choices=["none", "int8"])
-    bd.add_argument("--prompt-lookup-max", type=int, default=4)
-    bd.add_argument("--prompt-lookup-min", type=int, default=1)
+    _add_proposer_args(bd)
     bd.add_argument("--out", default=None, help="write results JSON here")
-    return parser
     return parser
 
 

@@ -5,7 +5,6 @@ and the speedup against `none` (median of per-prompt ratios), plus parity with `
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 

@@ -36,7 +36,7 @@ class Int8Linear(nn.Module):
 
 
 def quantize_linears_int8(module: nn.Module) -> int:
-    """Replace nn.Linear / PackedLinear children by Int8Linear (in place); returns how many."""
+    """Replace nn.Linear children by Int8Linear (in place; call before packing); returns how many."""
     from .packed_linear import PackedLinear
 
     count = 0
@@ -48,6 +48,6 @@ def quantize_linears_int8(module: nn.Module) -> int:
         else:
             count += quantize_linears_int8(child)
             continue
-        setattr(module, name, Int8Linear(w, b, w.dtype if w.dtype != torch.float32 else torch.float32))
+        setattr(module, name, Int8Linear(w, b, w.dtype))
         count += 1
     return count
