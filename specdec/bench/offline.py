@@ -1,0 +1,250 @@
+"""`specdec bench offline`: an A/B evaluation of speculative decoding on real prompts.
+
+Loads the models once, warms every engine up, then runs the cross product (prompt x repeat x temperature x
+(method, k)) with the same prompts and seeds for every method; peers (transformers, llama.cpp) run after
+ours on the same prompt tokens. Writes `results.json`, `report.md` and PNG plots to the output directory,
+each atomically (an interrupted run leaves no half-written file).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..config import DEFAULT_K, METHODS, SpeculativeConfig
+from ..errors import SpecDecError
+from ..metrics.stats import peak_rss_mb
+from ..sampling_params import SamplingParams
+from ..utils import write_json_atomic
+from .datasets import load_prompts
+from .decode import divergence_margin
+from .summary import summarize
+
+RUN_FIELDS = ("method", "k", "temperature", "repeat", "prompt_index", "category", "seed", "prompt_tokens",
+              "completion_tokens", "finish_reason", "ttft_s", "tpot_s", "decode_tok_s", "e2e_s",
+              "acceptance_rate", "mean_accepted_length", "accepted_per_position", "draft_time_s", "verify_time_s",
+              "prefill_time_s", "target_forwards", "draft_steps", "draft_tokens", "accepted_tokens",
+              "drafted_per_position", "accepted_counts_per_position", "draft_kv_bytes", "peak_rss_mb")
+
+
+@dataclass
+class OfflineBenchConfig:
+    prompts: str = "builtin"
+    methods: list[str] = field(default_factory=lambda: ["none", "ngram", "draft"])
+    ks: list[int] = field(default_factory=lambda: [4])
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    max_tokens: int = 128
+    repeats: int = 1
+    seed: int = 0
+    out: str = "out/bench-offline"
+    peers: list[str] = field(default_factory=list)
+    target: str | None = None
+    draft: str | None = None
+    dtype: str = "bfloat16"
+    device: str | None = None
+    max_model_len: int | None = None
+    threads: int | None = None
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+    draft_quantization: str | None = None
+    progress: bool = True
+
+    def __post_init__(self):
+        from .peers import PEERS
+
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad:
+            raise SpecDecError(f"unknown method '{bad[0]}' (choose from: {', '.join(METHODS)})")
+        if not self.methods:
+            raise SpecDecError("--methods is empty")
+        if "none" not in self.methods:      # the baseline every speedup and parity is measured against
+            self.methods = ["none", *self.methods]
+        bad = [p for p in self.peers if p not in PEERS]
+        if bad:
+            raise SpecDecError(f"unknown peer '{bad[0]}' (choose from: {', '.join(PEERS)})")
+        if not self.ks or any(not 1 <= k <= 32 for k in self.ks):
+            raise SpecDecError(f"--k values must be in 1..32, got {self.ks}")
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise SpecDecError(f"--temperature values must be >= 0, got {self.temperatures}")
+        if self.max_tokens < 1 or self.repeats < 1:
+            raise SpecDecError("--max-tokens and --repeats must be >= 1")
+
+    def configs(self) -> list[tuple[str, int]]:
+        return [("none", 0)] + [(m, k) for m in self.methods if m != "none" for k in self.ks]
+
+
+def machine_info(threads: int) -> dict:
+    import torch
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError):
+        mem_gb = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpu": cpu, "cpu_count": os.cpu_count(), "threads": threads, "memory_gb": mem_gb,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "specdec_commit": commit}
+
+
+def run_offline(cfg: OfflineBenchConfig) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    from ..llm import LLM
+    from ..models.registry import DEFAULT_TARGET
+
+    prompts = load_prompts(cfg.prompts, cfg.seed)          # bad input fails before any model loads
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise SpecDecError(f"--out {out} exists and is not a directory")
+    # hf-assisted uses the draft too, when one is loaded (method draft, or --draft given)
+    need_draft = "draft" in cfg.methods or cfg.draft is not None
+    t0 = time.perf_counter()
+    llm = LLM(target=cfg.target or DEFAULT_TARGET, draft=cfg.draft, dtype=cfg.dtype, device=cfg.device,
+              max_model_len=cfg.max_model_len, num_threads=cfg.threads, progress=cfg.progress,
+              speculative=SpeculativeConfig(method="draft" if need_draft else "none",
+                                            quantization=cfg.draft_quantization))
+    load_s = time.perf_counter() - t0
+    engines = {(m, k): llm.make_engine(SpeculativeConfig(method=m, num_speculative_tokens=k or None,
+                                                         prompt_lookup_max=cfg.prompt_lookup_max,
+                                                         prompt_lookup_min=cfg.prompt_lookup_min))
+               for m, k in cfg.configs()}
+    prompt_ids = [llm.encode(p["messages"]) for p in prompts]
+    draft_kv_per_token = llm.draft.model.config.kv_bytes_per_token * (4 if cfg.dtype == "float32" else 2) // 2 \
+        if llm.draft is not None else 0
+
+    warm = SamplingParams(max_tokens=4, temperature=0.0)
+    for engine in engines.values():
+        engine.generate(prompt_ids[0], warm)
+
+    total = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(engines)
+    runs: list[dict] = []
+    bar = tqdm(total=total, desc="bench offline", unit="run", disable=not cfg.progress)
+    for i, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
+        for rep in range(cfg.repeats):
+            seed = cfg.seed + 1000 * i + rep
+            for temp in cfg.temperatures:
+                params = SamplingParams(max_tokens=cfg.max_tokens, temperature=temp, seed=seed)
+                for (m, k), engine in engines.items():
+                    run = {"method": m, "k": k, "temperature": temp, "repeat": rep, "prompt_index": i,
+                           "category": prompt["category"], "seed": seed, "prompt_tokens": len(ids)}
+                    try:
+                        o = engine.generate(ids, params)
+                        run.update({f: v for f, v in o.stats.to_dict().items() if f in RUN_FIELDS and f not in run})
+                        run["token_ids"] = o.token_ids
+                        if m == "draft":
+                            run["draft_kv_bytes"] = draft_kv_per_token * (len(ids) + len(o.token_ids) + k)
+                    except Exception as exc:  # noqa: BLE001 - one failing run is data, not the end of the bench
+                        run["error"] = f"{type(exc).__name__}: {exc}"
+                    runs.append(run)
+                    bar.update(1)
+    bar.close()
+    peer_info = _run_peers(cfg, llm, prompts, prompt_ids, runs)
+    _add_parity(llm, prompt_ids, runs)
+    memory = {"target_weight_bytes": llm.target.weight_bytes,
+              "draft_weight_bytes": llm.draft.weight_bytes if llm.draft is not None else 0,
+              "draft_kv_bytes_per_token": draft_kv_per_token, "peak_rss_mb": peak_rss_mb()}
+    config = {**asdict(cfg), "methods": [m for m, _ in dict.fromkeys((m, 0) for m, _ in cfg.configs())],
+              "target": llm.target.name, "draft": llm.draft.name if llm.draft else None,
+              "target_source": str(llm.target.source), "draft_source": str(llm.draft.source) if llm.draft else None,
+              "num_prompts": len(prompts), "load_s": load_s, "memory": memory, "peers": peer_info}
+    result = {"config": config, "machine": machine_info(torch.get_num_threads()), "runs": runs,
+              "summary": summarize(runs)}
+    write_outputs(result, out)
+    return result
+
+
+def _run_peers(cfg: OfflineBenchConfig, llm, prompts, prompt_ids, runs: list[dict]) -> dict:
+    from tqdm import tqdm
+
+    from .peers import HFPeer, LlamaCppPeer, PeerRequest
+
+    info = {}
+    for name in cfg.peers:
+        t0 = time.perf_counter()
+        if name == "hf":
+            peer = HFPeer(llm.target.source, llm.draft.source if llm.draft else None, cfg.dtype,
+                          llm.tokenizer.eos_token_ids, DEFAULT_K["ngram"])
+        else:
+            n_ctx = min(llm.target.config.max_position_embeddings, max(map(len, prompt_ids)) + cfg.max_tokens + 64)
+            peer = LlamaCppPeer(llm.target.source, n_ctx, cfg.threads or os.cpu_count() or 1, DEFAULT_K["ngram"],
+                                llm.tokenizer.eos_token_ids)
+        info[name] = {"methods": peer.methods, "load_s": time.perf_counter() - t0}
+        try:
+            for m in peer.methods:      # warm-up, not timed
+                try:
+                    peer.run(m, PeerRequest(prompt_ids[0], 4, 0.0, cfg.seed))
+                except Exception as exc:  # noqa: BLE001
+                    info[name].setdefault("warmup_errors", {})[m] = str(exc)
+            total = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(peer.methods)
+            bar = tqdm(total=total, desc=f"peer {name}", unit="run", disable=not cfg.progress)
+            for i, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
+                for rep in range(cfg.repeats):
+                    seed = cfg.seed + 1000 * i + rep
+                    for temp in cfg.temperatures:
+                        for m in peer.methods:
+                            run = {"method": m, "k": 0, "temperature": temp, "repeat": rep, "prompt_index": i,
+                                   "category": prompt["category"], "seed": seed, "prompt_tokens": len(ids)}
+                            try:
+                                r = peer.run(m, PeerRequest(ids, cfg.max_tokens, temp, seed))
+                                run.update({f: v for f, v in r.items() if f in RUN_FIELDS and f not in run})
+                                run["k"] = r["num_speculative_tokens"]
+                                run["token_ids"] = r["token_ids"]
+                            except Exception as exc:  # noqa: BLE001 - a peer failing on a prompt is recorded
+                                run["error"] = f"{type(exc).__name__}: {exc}"
+                            runs.append(run)
+                            bar.update(1)
+            bar.close()
+        finally:
+            peer.close()
+    return info
+
+
+def _add_parity(llm, prompt_ids: list[list[int]], runs: list[dict]) -> None:
+    """parity: same token ids as the `none` run with the same prompt, temperature and seed."""
+    base = {(r["prompt_index"], r["temperature"], r["repeat"]): r for r in runs
+            if r["method"] == "none" and "token_ids" in r}
+    for r in runs:
+        b = base.get((r["prompt_index"], r["temperature"], r["repeat"]))
+        if "token_ids" not in r or b is None:
+            r["parity"] = None
+            continue
+        r["parity"] = r["token_ids"] == b["token_ids"]
+        if not r["parity"] and r["temperature"] == 0 and not r["method"].startswith("llamacpp"):
+            # a near-tie in the target's logits (bf16 rounding) rather than a bug
+            r["divergence_margin"] = divergence_margin(llm, prompt_ids[r["prompt_index"]], b["token_ids"],
+                                                       r["token_ids"])
+
+
+def write_outputs(result: dict, out: Path) -> None:
+    from .plots import write_plots
+    from .report import render_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(result, out)
+    _write_text_atomic(out / "report.md", render_report(result, plots))
+    write_json_atomic(out / "results.json", result)
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
