@@ -61,6 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list built-in models and what is installed / assembled")
 
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server with speculative decoding")
+    _add_model_args(sv)
+    sv.add_argument("--speculative-config", default=None,
+                    help='vLLM-style JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\' '
+                         '(default: {"method": "draft"} with the default draft)')
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--max-queued", type=int, default=64, help="requests waiting beyond this get 429")
+    sv.add_argument("--served-model-name", default=None, help="model id clients use (default: the target's name)")
+    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    sv.add_argument("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for in-flight requests")
+    sv.add_argument("--log-interval", type=float, default=10.0, help="seconds between speculative-decoding log lines")
+
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
     bd = bsub.add_parser("decode", help="decode speed per method and k on the built-in prompts")
@@ -211,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "serve":
+            from .server.serve import run_server
+
+            return run_server(args)
     except (SpecDecError, ValueError) as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
         return 1

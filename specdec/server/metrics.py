@@ -1,0 +1,122 @@
+"""Prometheus metrics, named like vLLM's (`vllm:` -> `specdec:`), on a registry of the server's own."""
+from __future__ import annotations
+
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
+_TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+MAX_POSITIONS = 32
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.registry = r = CollectorRegistry()
+        lbl = {"model_name": model_name}
+        self._lbl = lbl
+        names = ["model_name"]
+        self.running = Gauge("specdec:num_requests_running", "Requests being decoded", names, registry=r).labels(**lbl)
+        self.waiting = Gauge("specdec:num_requests_waiting", "Requests queued", names, registry=r).labels(**lbl)
+        self.drafts = Counter("specdec:spec_decode_num_drafts", "Verification steps that checked a non-empty draft",
+                              names, registry=r).labels(**lbl)
+        self.draft_tokens = Counter("specdec:spec_decode_num_draft_tokens", "Draft tokens proposed", names,
+                                    registry=r).labels(**lbl)
+        self.accepted_tokens = Counter("specdec:spec_decode_num_accepted_tokens", "Draft tokens accepted", names,
+                                       registry=r).labels(**lbl)
+        self._per_pos = Counter("specdec:spec_decode_num_accepted_tokens_per_pos",
+                                "Draft tokens accepted at each draft position (0-based)", names + ["position"],
+                                registry=r)
+        self.draft_time = Counter("specdec:spec_decode_draft_time_seconds", "Time spent drafting", names,
+                                  registry=r).labels(**lbl)
+        self.verify_time = Counter("specdec:spec_decode_verify_time_seconds", "Time spent in target forwards",
+                                   names, registry=r).labels(**lbl)
+        self.prompt_tokens = Counter("specdec:prompt_tokens", "Prompt tokens processed", names, registry=r).labels(**lbl)
+        self.generation_tokens = Counter("specdec:generation_tokens", "Tokens generated", names,
+                                         registry=r).labels(**lbl)
+        self._success = Counter("specdec:request_success", "Finished requests", names + ["finished_reason"], registry=r)
+        self.aborted = Counter("specdec:request_aborted", "Requests aborted (client gone or shutdown)", names,
+                               registry=r).labels(**lbl)
+        self.failed = Counter("specdec:request_failed", "Requests that failed inside the engine", names,
+                              registry=r).labels(**lbl)
+        self.rejected = Counter("specdec:request_rejected", "Requests refused with 429 (queue full)", names,
+                                registry=r).labels(**lbl)
+        self.ttft = Histogram("specdec:time_to_first_token_seconds", "Arrival to first token", names,
+                              buckets=_LATENCY_BUCKETS, registry=r).labels(**lbl)
+        self.tpot = Histogram("specdec:time_per_output_token_seconds", "Mean time per output token after the first",
+                              names, buckets=_TPOT_BUCKETS, registry=r).labels(**lbl)
+        self.e2e = Histogram("specdec:e2e_request_latency_seconds", "Arrival to last token", names,
+                             buckets=_LATENCY_BUCKETS, registry=r).labels(**lbl)
+        self.queue_time = Histogram("specdec:request_queue_time_seconds", "Arrival to start of decoding", names,
+                                    buckets=_LATENCY_BUCKETS, registry=r).labels(**lbl)
+        self._lock = threading.Lock()
+        self._window = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "draft_time": 0.0, "e2e_time": 0.0,
+                        "tokens": 0.0, "since": time.monotonic()}
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def set_queue(self, running: int, waiting: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+
+    def observe_queue_time(self, s: float) -> None:
+        self.queue_time.observe(s)
+
+    def observe_first_token(self, s: float) -> None:
+        self.ttft.observe(s)
+
+    def _observe_spec(self, stats) -> None:
+        self.drafts.inc(stats.draft_steps)
+        self.draft_tokens.inc(stats.draft_tokens)
+        self.accepted_tokens.inc(stats.accepted_tokens)
+        for i, n in enumerate(stats.accepted_counts_per_position[:MAX_POSITIONS]):
+            if n:
+                self._per_pos.labels(**self._lbl, position=str(i)).inc(n)
+        self.draft_time.inc(stats.draft_time_s)
+        self.verify_time.inc(stats.verify_time_s)
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.generation_tokens.inc(stats.completion_tokens)
+        with self._lock:
+            w = self._window
+            w["drafts"] += stats.draft_steps
+            w["draft_tokens"] += stats.draft_tokens
+            w["accepted"] += stats.accepted_tokens
+            w["draft_time"] += stats.draft_time_s
+            w["e2e_time"] += stats.e2e_s
+            w["tokens"] += stats.completion_tokens
+
+    def observe_finished(self, stats, arrival: float) -> None:
+        self._observe_spec(stats)
+        self._success.labels(**self._lbl, finished_reason=stats.finish_reason or "stop").inc()
+        if stats.completion_tokens > 1:
+            self.tpot.observe(stats.tpot_s)
+        self.e2e.observe(time.perf_counter() - arrival)
+
+    def observe_abort(self, stats) -> None:
+        self.aborted.inc()
+        if stats is not None:
+            self._observe_spec(stats)
+
+    def observe_failure(self) -> None:
+        self.failed.inc()
+
+    def interval_log_line(self) -> str | None:
+        """The periodic log line (vLLM's SpecDecoding metrics line), over the requests since the last one."""
+        with self._lock:
+            w = self._window
+            elapsed = time.monotonic() - w["since"]
+            if not w["tokens"]:
+                w["since"] = time.monotonic()
+                return None
+            acc = w["accepted"] / w["draft_tokens"] if w["draft_tokens"] else None
+            mal = 1 + w["accepted"] / w["drafts"] if w["drafts"] else None
+            overhead = w["draft_time"] / w["e2e_time"] if w["e2e_time"] else 0.0
+            line = (f"SpecDecoding metrics: mean acceptance length {mal:.2f}, " if mal else
+                    "SpecDecoding metrics: mean acceptance length -, ")
+            line += (f"acceptance rate {acc:.3f}, " if acc is not None else "acceptance rate -, ")
+            line += (f"draft overhead {overhead:.1%}, throughput {w['tokens'] / elapsed:.2f} tok/s, "
+                     f"drafts {w['drafts']:.0f}, draft tokens {w['draft_tokens']:.0f}, accepted {w['accepted']:.0f}")
+            self._window = {k: 0.0 for k in w} | {"since": time.monotonic()}
+            return line

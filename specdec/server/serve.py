@@ -1,0 +1,77 @@
+"""`specdec serve`: load the models, start uvicorn, print ready-to-paste examples, drain on SIGTERM."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from ..config import SpeculativeConfig
+from ..errors import SpecDecError
+
+SPEC_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "quantization"}
+
+
+def parse_speculative_config(text: str | None) -> SpeculativeConfig:
+    """vLLM's `--speculative-config` JSON keys -> SpeculativeConfig."""
+    if not text:
+        return SpeculativeConfig(method="draft")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecDecError(f"--speculative-config is not valid JSON ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise SpecDecError("--speculative-config must be a JSON object")
+    unknown = set(obj) - SPEC_KEYS
+    if unknown:
+        raise SpecDecError(f"--speculative-config: unknown key '{sorted(unknown)[0]}' (known: {', '.join(sorted(SPEC_KEYS))})")
+    try:
+        return SpeculativeConfig(**obj)
+    except (TypeError, ValueError) as exc:
+        raise SpecDecError(f"--speculative-config: {exc}") from None
+
+
+def examples(host: str, port: int, model: str, api_key: str | None) -> str:
+    base = f"http://{host}:{port}/v1"
+    auth = f" -H 'Authorization: Bearer {api_key}'" if api_key else ""
+    key = api_key or "none"
+    return f"""specdec is ready on {base}  (metrics: http://{host}:{port}/metrics)
+
+curl {base}/chat/completions -H 'Content-Type: application/json'{auth} -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Write a Python function that reverses a string."}}], "max_tokens": 128}}'
+
+python -c "from openai import OpenAI; c = OpenAI(base_url='{base}', api_key='{key}'); print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Write a Python function that reverses a string.'}}], max_tokens=128).choices[0].message.content)"
+"""
+
+
+def run_server(args) -> int:
+    import uvicorn
+
+    from ..llm import LLM
+    from .app import ServerState, create_app
+    from .async_engine import AsyncEngine
+    from .metrics import ServerMetrics
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec = parse_speculative_config(args.speculative_config)
+    if args.draft and spec.method == "draft" and spec.model is None:
+        spec.model = args.draft
+    if args.max_queued < 0:
+        raise SpecDecError("--max-queued must be >= 0")
+    llm = LLM(target=args.target, draft=spec.model if spec.method == "draft" else None, speculative=spec,
+              dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, num_threads=args.threads)
+    name = args.served_model_name or llm.target.name
+    metrics = ServerMetrics(name)
+    engine = AsyncEngine(llm, spec, args.max_queued, metrics, log_interval_s=args.log_interval)
+    state = ServerState(llm, engine, name, api_key=args.api_key, drain_timeout_s=args.drain_timeout)
+    app = create_app(state)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started:
+                print(examples(args.host, args.port, name, args.api_key), file=sys.stderr, flush=True)
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                            timeout_graceful_shutdown=int(args.drain_timeout))
+    server = Server(config)
+    server.run()
+    return 0 if server.started else 1

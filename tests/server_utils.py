@@ -1,0 +1,39 @@
+"""Start a specdec server in-process (a thread running uvicorn) on a free loopback port."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_server(llm, spec, max_queued: int = 16, api_key: str | None = None, name: str = "tiny"):
+    import uvicorn
+
+    from specdec.server.app import ServerState, create_app
+    from specdec.server.async_engine import AsyncEngine
+    from specdec.server.metrics import ServerMetrics
+
+    engine = AsyncEngine(llm, spec, max_queued, ServerMetrics(name), log_interval_s=0.5)
+    state = ServerState(llm, engine, name, api_key=api_key, drain_timeout_s=5)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", state
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

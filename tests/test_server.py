@@ -1,0 +1,303 @@
+"""`specdec serve` through the official openai client and raw HTTP, on tiny models over loopback."""
+import asyncio
+import json
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+from server_utils import running_server
+from specdec import LLM, SpeculativeConfig
+
+CJK = "你好，世界！ 缓存 🙂 The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_dirs):
+    return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
+               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3), progress=False)
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    with running_server(llm, SpeculativeConfig(method="draft", num_speculative_tokens=3)) as (url, state):
+        yield url, state
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0)
+
+
+def _metric(url: str, name: str, labels: str = "") -> float:
+    text = httpx.get(url + "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{" if labels == "" else name + "{") and labels in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _chat(client, content, stream=False, **kw):
+    kw.setdefault("temperature", 0)
+    kw.setdefault("max_tokens", 24)
+    return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}],
+                                          stream=stream, **kw)
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    h = httpx.get(server[0] + "/health")
+    assert h.status_code == 200 and h.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("content", ["def add(a, b):", CJK])
+def test_chat_stream_equals_non_stream(client, content):
+    full = _chat(client, content, max_tokens=40)
+    assert full.choices[0].finish_reason in ("stop", "length")
+    assert full.model_extra["speculative"]["method"] == "draft"
+    chunks = list(_chat(client, content, stream=True, max_tokens=40, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == full.choices[0].finish_reason
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == full.usage.completion_tokens
+    assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+
+
+def test_completions_stream_and_non_stream(client):
+    full = client.completions.create(model="tiny", prompt=CJK, max_tokens=30, temperature=0)
+    parts = list(client.completions.create(model="tiny", prompt=CJK, max_tokens=30, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}))
+    assert "".join(p.choices[0].text for p in parts if p.choices) == full.choices[0].text
+    assert parts[-1].usage.completion_tokens == full.usage.completion_tokens
+    ids = client.completions.create(model="tiny", prompt=[5, 6, 7, 8], max_tokens=5, temperature=0)
+    assert ids.usage.prompt_tokens == 4
+
+
+@pytest.mark.parametrize("n", [1, 7, 33])
+def test_exact_max_tokens(client, n):
+    r = _chat(client, "count", max_tokens=n, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == n and r.choices[0].finish_reason == "length"
+    r2 = _chat(client, "count", max_completion_tokens=n, extra_body={"ignore_eos": True})
+    assert r2.usage.completion_tokens == n
+
+
+def test_stop_string(client):
+    base = _chat(client, "The quick brown", max_tokens=40, extra_body={"ignore_eos": True}).choices[0].message.content
+    stop = base[10:13]
+    assert stop.strip(), base
+    r = _chat(client, "The quick brown", max_tokens=40, stop=[stop], extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == base[: base.index(stop)]
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       _chat(client, "The quick brown", stream=True, max_tokens=40, stop=[stop],
+                             extra_body={"ignore_eos": True}) if c.choices)
+    assert streamed == r.choices[0].message.content
+
+
+def test_per_request_speculative_override(client):
+    a = _chat(client, "def add(a, b):", max_tokens=30, extra_body={"speculative": {"method": "none"}})
+    b = _chat(client, "def add(a, b):", max_tokens=30, extra_body={"speculative": {"num_speculative_tokens": 2}})
+    c = _chat(client, "def add(a, b):", max_tokens=30, extra_body={"speculative": {"method": "ngram"}})
+    assert a.model_extra["speculative"]["method"] == "none"
+    assert b.model_extra["speculative"]["num_speculative_tokens"] == 2
+    assert c.model_extra["speculative"]["method"] == "ngram"
+    assert a.choices[0].message.content == b.choices[0].message.content == c.choices[0].message.content
+
+
+def _post(url, body, path="/v1/chat/completions", headers=None):
+    return httpx.post(url + path, content=body if isinstance(body, (bytes, str)) else json.dumps(body), timeout=30,
+                      headers={"Content-Type": "application/json", **(headers or {})})
+
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("body, param", [
+    (b"{not json", None),
+    ({"messages": "hi"}, "messages"),
+    ({}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": MSG, "temperature": -1}, "temperature"),
+    ({"messages": MSG, "top_p": 0}, "top_p"),
+    ({"messages": MSG, "top_p": 1.5}, "top_p"),
+    ({"messages": MSG, "max_tokens": 0}, "max_tokens"),
+    ({"messages": MSG, "max_tokens": "ten"}, "max_tokens"),
+    ({"messages": MSG, "n": 2}, "n"),
+    ({"messages": MSG, "stop": [""]}, "stop"),
+    ({"messages": MSG, "speculative": {"method": "medusa"}}, "speculative.method"),
+    ({"messages": MSG, "speculative": {"num_speculative_tokens": 0}}, "speculative.num_speculative_tokens"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+])
+def test_bad_requests_are_400_with_openai_shape(server, body, param):
+    r = _post(server[0], body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param:
+        assert err["param"] == param
+
+
+def test_unknown_model_404_and_unknown_route(server):
+    r = _post(server[0], {"model": "gpt-9", "messages": MSG})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = httpx.get(server[0] + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+
+
+def test_context_window_400_before_generation(server):
+    url, state = server
+    before = _metric(url, "specdec:request_success_total")
+    r = _post(url, {"messages": [{"role": "user", "content": "word " * 5}], "max_tokens": 250})
+    assert r.status_code == 400
+    msg = r.json()["error"]["message"]
+    nums = [int(x) for x in re.findall(r"\d+", msg)]
+    assert state.max_model_len in nums and 250 in nums
+    r = _post(url, {"prompt": "word " * 400, "max_tokens": 1}, path="/v1/completions")
+    assert r.status_code == 400 and "context length" in r.json()["error"]["message"]
+    assert _metric(url, "specdec:request_success_total") == before
+
+
+def test_concurrent_greedy_equals_alone(client):
+    prompts = ["def add(a, b):", CJK, "class Cache:", "The lazy dog"]
+    alone = [_chat(client, p, max_tokens=20).choices[0].message.content for p in prompts]
+
+    async def together():
+        from openai import AsyncOpenAI
+
+        ac = AsyncOpenAI(base_url=client.base_url, api_key="unused", max_retries=0)
+        rs = await asyncio.gather(*[ac.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": p}], max_tokens=20, temperature=0) for p in prompts])
+        return [r.choices[0].message.content for r in rs]
+
+    assert asyncio.run(together()) == alone
+
+
+def test_metrics_move(server, client):
+    url = server[0]
+    drafts = _metric(url, "specdec:spec_decode_num_drafts_total")
+    drafted = _metric(url, "specdec:spec_decode_num_draft_tokens_total")
+    ok = _metric(url, "specdec:request_success_total")
+    r = _chat(client, "def add(a, b):", max_tokens=20, extra_body={"ignore_eos": True})
+    spec = r.model_extra["speculative"]
+    assert _metric(url, "specdec:spec_decode_num_drafts_total") == drafts + spec["draft_steps"] > drafts
+    assert _metric(url, "specdec:spec_decode_num_draft_tokens_total") == drafted + spec["draft_tokens"]
+    assert _metric(url, "specdec:request_success_total") == ok + 1
+    text = httpx.get(url + "/metrics").text
+    for name in ("specdec:spec_decode_num_accepted_tokens_total", "specdec:spec_decode_num_accepted_tokens_per_pos_total",
+                 "specdec:time_to_first_token_seconds_bucket", "specdec:time_per_output_token_seconds_bucket",
+                 "specdec:e2e_request_latency_seconds_bucket", "specdec:num_requests_running",
+                 "specdec:num_requests_waiting"):
+        assert name in text
+    assert 'position="0"' in text
+
+
+def test_disconnect_mid_stream_and_while_queued_aborts(server, client, monkeypatch):
+    from specdec.engine.engine import Engine
+
+    real_step = Engine._decode_step
+
+    def slow_step(self, seq, cache):          # tiny models are too fast to disconnect from in time
+        time.sleep(0.01)
+        return real_step(self, seq, cache)
+
+    monkeypatch.setattr(Engine, "_decode_step", slow_step)
+    url, state = server
+    aborted = _metric(url, "specdec:request_aborted_total")
+    long_body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 200, "ignore_eos": True,
+                 "temperature": 0, "stream": True}
+    with httpx.Client(timeout=30) as c:
+        with c.stream("POST", url + "/v1/chat/completions", json=long_body) as r:
+            it = r.iter_lines()
+            got = [next(it) for _ in range(4)]
+            assert got[0].startswith("data: ")
+        # the stream is closed here, mid-generation
+    deadline = time.time() + 10
+    while _metric(url, "specdec:request_aborted_total") < aborted + 1 and time.time() < deadline:
+        time.sleep(0.05)
+    assert _metric(url, "specdec:request_aborted_total") == aborted + 1
+    # while queued: A occupies the engine; B's client gives up before B starts
+    a_done = {}
+
+    def run_a():
+        a_done["r"] = _post(url, {**long_body, "stream": False, "max_tokens": 120})
+
+    t = threading.Thread(target=run_a)
+    t.start()
+    while state.engine.num_running == 0:
+        time.sleep(0.01)
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(url + "/v1/chat/completions", json={**long_body, "stream": False}, timeout=0.3)
+    t.join()
+    assert a_done["r"].status_code == 200 and a_done["r"].json()["usage"]["completion_tokens"] == 120
+    deadline = time.time() + 10
+    while _metric(url, "specdec:request_aborted_total") < aborted + 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert _metric(url, "specdec:request_aborted_total") == aborted + 2
+    assert state.engine.num_running == 0 and state.engine.num_waiting == 0
+    # no draft cache left behind by the aborted requests
+    assert all(not e.proposer.caches for e in state.engine._engines.values() if hasattr(e.proposer, "caches"))
+    # the server goes on
+    assert _chat(client, "still there?", max_tokens=5).usage.completion_tokens >= 1
+
+
+def test_burst_beyond_queue_gets_429(llm):
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
+    with running_server(llm, spec, max_queued=2) as (url, state):
+        body = {"messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 40, "temperature": 0,
+                "ignore_eos": True}
+        solo = _post(url, body).json()["choices"][0]["message"]["content"]
+
+        async def burst():
+            async with httpx.AsyncClient(timeout=120) as c:
+                return await asyncio.gather(*[c.post(url + "/v1/chat/completions", json=body) for _ in range(30)])
+
+        t0 = time.perf_counter()
+        rs = asyncio.run(burst())
+        codes = [r.status_code for r in rs]
+        assert set(codes) <= {200, 429} and codes.count(429) >= 20 and codes.count(200) >= 3
+        for r in rs:
+            if r.status_code == 429:
+                assert r.headers["retry-after"] and r.json()["error"]["type"] == "rate_limit_error"
+            else:
+                assert r.json()["choices"][0]["message"]["content"] == solo
+        assert time.perf_counter() - t0 < 60
+        assert _metric(url, "specdec:request_rejected_total") == codes.count(429)
+
+
+def test_failing_request_does_not_take_down_others(llm, monkeypatch):
+    from specdec.engine.engine import Engine
+
+    real = Engine._decode_step
+
+    def flaky(self, seq, cache):
+        if 7 in seq.prompt_ids and len(seq.output_ids) > 2:
+            raise RuntimeError("injected fault")
+        return real(self, seq, cache)
+
+    monkeypatch.setattr(Engine, "_decode_step", flaky)
+    with running_server(llm, SpeculativeConfig(method="none")) as (url, state):
+        bad = _post(url, {"prompt": [7, 8, 9], "max_tokens": 20, "ignore_eos": True}, path="/v1/completions")
+        assert bad.status_code == 500 and "injected fault" in bad.json()["error"]["message"]
+        with httpx.stream("POST", url + "/v1/completions", timeout=30,
+                          json={"prompt": [7, 8, 9], "max_tokens": 20, "ignore_eos": True, "stream": True}) as r:
+            lines = [ln for ln in r.iter_lines() if ln]
+        assert "injected fault" in lines[-2] and lines[-1] == "data: [DONE]"
+        good = _post(url, {"prompt": [5, 8, 9], "max_tokens": 20, "ignore_eos": True}, path="/v1/completions")
+        assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 20
+        assert httpx.get(url + "/health").status_code == 200
+
+
+def test_api_key(llm):
+    with running_server(llm, SpeculativeConfig(method="none"), api_key="sekret") as (url, _):
+        r = _post(url, {"messages": MSG, "max_tokens": 2})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        r = _post(url, {"messages": MSG, "max_tokens": 2}, headers={"Authorization": "Bearer sekret"})
+        assert r.status_code == 200
+        assert httpx.get(url + "/health").status_code == 200      # health and metrics stay open
