@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+GREEDY_EPS = 1e-5
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16          # new tokens at most (vLLM's default)
@@ -33,4 +36,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # vLLM's convention: temperatures below 1e-5 are greedy (dividing logits by them overflows to inf/nan)
+        return self.temperature < GREEDY_EPS

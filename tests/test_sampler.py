@@ -146,3 +146,17 @@ def test_top_p_keeps_smallest_prefix_reaching_mass():
     assert torch.allclose(probs, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
     probs = probs_from_logits(torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])), 1.0, top_k=1)
     assert torch.allclose(probs, torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+
+
+def test_extreme_sampling_params_stay_valid():
+    """Found by schemathesis: a denormal top_p or a tiny temperature must not produce nan/inf probabilities."""
+    from specdec.sampling.logits import probs_from_logits
+    from specdec.sampling_params import SamplingParams
+
+    logits = torch.randn(3, 50) * 5
+    for top_p in (5e-324, 1e-12, 0.3):
+        p = probs_from_logits(logits, 1.0, top_p=top_p)
+        assert torch.isfinite(p).all() and torch.allclose(p.sum(-1), torch.ones(3))
+    p = probs_from_logits(logits, 1.0, top_p=5e-324)
+    assert (p.argmax(-1) == logits.argmax(-1)).all() and ((p > 0).sum(-1) == 1).all()
+    assert SamplingParams(temperature=1e-300).greedy and not SamplingParams(temperature=0.01).greedy

@@ -301,3 +301,18 @@ def test_api_key(llm):
         r = _post(url, {"messages": MSG, "max_tokens": 2}, headers={"Authorization": "Bearer sekret"})
         assert r.status_code == 200
         assert httpx.get(url + "/health").status_code == 200      # health and metrics stay open
+
+
+def test_schemathesis_no_server_errors(server):
+    """Property-based requests generated from our own /openapi.json: never a 5xx."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
+    proc = subprocess.run([exe, "run", server[0] + "/openapi.json", "--checks", "not_a_server_error",
+                           "--max-examples", "10", "--seed", "7", "--workers", "1", "--request-timeout", "60",
+                           "--no-color"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "No issues found" in proc.stdout and " passed" in proc.stdout

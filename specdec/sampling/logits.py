@@ -24,6 +24,7 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_k: int = -1,
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
         drop_sorted = mass_before >= top_p  # keep the smallest prefix whose mass reaches top_p
+        drop_sorted[..., 0] = False         # and always the top token (cumsum rounding can exceed a tiny top_p)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
     if min_p > 0.0:
