@@ -98,6 +98,21 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--out", default="out/bench-offline", help="output directory")
     bo.add_argument("--no-progress", action="store_true")
     _add_proposer_args(bo)
+
+    bs = bsub.add_parser("serve", help="serving benchmark against OpenAI-compatible endpoints")
+    bs.add_argument("--endpoint", action="append", default=[], help="base URL, e.g. http://127.0.0.1:8000 (repeatable)")
+    bs.add_argument("--label", action="append", default=[], help="a name per --endpoint (default: its URL)")
+    bs.add_argument("--extra-body", action="append", default=[],
+                    help='JSON merged into every request: once for all endpoints or once per --endpoint, e.g. '
+                         '\'{"speculative": {"method": "none"}}\'')
+    bs.add_argument("--model", default=None, help="model id (default: the first of each endpoint's /v1/models)")
+    bs.add_argument("--dataset", default="builtin", help="builtin | sharegpt[:N] | a JSONL file")
+    bs.add_argument("--concurrency", default="1", help="comma-separated concurrency levels")
+    bs.add_argument("--max-tokens", type=int, default=128)
+    bs.add_argument("--temperature", type=float, default=0.0)
+    bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--api-key", default=None)
+    bs.add_argument("--out", default="out/bench-serve", help="output directory")
     return parser
 
 
@@ -180,12 +195,38 @@ def cmd_bench_offline(args) -> int:
     return 0
 
 
+def cmd_bench_serve(args) -> int:
+    import json
+
+    from .bench.serve import ServeBenchConfig, render_serve_report, run_serve_bench
+
+    extra = []
+    for text in args.extra_body:
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecDecError(f"--extra-body is not valid JSON ({exc.msg}): {text}") from None
+        if not isinstance(obj, dict):
+            raise SpecDecError("--extra-body must be a JSON object")
+        extra.append(obj)
+    cfg = ServeBenchConfig(endpoints=args.endpoint, dataset=args.dataset, model=args.model,
+                           concurrency=_csv(args.concurrency, int, "--concurrency"), max_tokens=args.max_tokens,
+                           temperature=args.temperature, seed=args.seed, out=args.out, labels=args.label,
+                           extra_body=extra, api_key=args.api_key)
+    result = run_serve_bench(cfg)
+    print(render_serve_report(result, []))
+    print(f"wrote {args.out}/results.json, report.md and plots")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from .bench.decode import format_table, run_decode_bench
     from .config import METHODS
 
     if args.bench_command == "offline":
         return cmd_bench_offline(args)
+    if args.bench_command == "serve":
+        return cmd_bench_serve(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if bad:

@@ -316,3 +316,83 @@ def test_schemathesis_no_server_errors(server):
                            "--no-color"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "No issues found" in proc.stdout and " passed" in proc.stdout
+
+
+def test_sigterm_drains_in_flight_and_exits_0(tiny_dirs, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from server_utils import free_port
+
+    port = free_port()
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--target", str(tiny_dirs["target"]),
+                             "--dtype", "float32", "--speculative-config", '{"method": "ngram"}', "--port", str(port),
+                             "--drain-timeout", "20", "--served-model-name", "tiny"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "server.log").read_text()
+            time.sleep(0.2)
+        body = {"messages": MSG, "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
+        lines = []
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line:
+                    lines.append(line)
+                if len(lines) == 2:
+                    proc.send_signal(signal.SIGTERM)       # mid-stream
+        assert lines[-1] == "data: [DONE]"
+        final = json.loads(lines[-2][len("data: "):])
+        assert final["choices"][0]["finish_reason"] == "length"   # the in-flight request was finished, not cut
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    out = (tmp_path / "server.log").read_text()
+    assert "specdec is ready" in out and "curl http://127.0.0.1" in out
+
+
+def test_bench_serve_against_our_server(server, tmp_path, capsys):
+    from specdec.cli import main
+
+    url = server[0]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": c}], "category": "t"})
+                                 for c in ["def add(a, b):", CJK, "class Cache:"]) + "\n")
+    out = tmp_path / "bench"
+    rc = main(["bench", "serve", "--endpoint", url, "--endpoint", url + "/v1", "--label", "spec", "--label", "plain",
+               "--extra-body", "{}", "--extra-body", '{"speculative": {"method": "none"}}', "--dataset", str(prompts),
+               "--concurrency", "1,2", "--max-tokens", "16", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads((out / "results.json").read_text())
+    rows = {(r["endpoint"], r["concurrency"]): r for r in result["summary"]}
+    assert set(rows) == {("spec", 1), ("spec", 2), ("plain", 1), ("plain", 2)}
+    for r in rows.values():
+        assert r["completed"] == 3 and r["errors"] == 0 and r["output_throughput"] > 0
+        assert r["ttft_p50_s"] <= r["ttft_p99_s"] and r["e2e_p99_s"] >= r["e2e_p50_s"]
+    assert rows[("spec", 1)]["acceptance_rate"] is not None and rows[("plain", 1)]["acceptance_rate"] is None
+    # greedy: speculation on and off give the same completions
+    assert rows[("plain", 1)]["identical_to_first"] == 1.0 and rows[("plain", 2)]["identical_to_first"] == 1.0
+    assert all(r["output_tokens"] <= 16 for r in result["requests"])
+    assert (out / "report.md").exists() and (out / "serve_latency_throughput.png").exists()
+
+
+def test_bench_serve_bad_input(capsys):
+    from specdec.cli import main
+
+    assert main(["bench", "serve", "--endpoint", "localhost:8000"]) == 1
+    assert "http(s) URL" in capsys.readouterr().err
+    assert main(["bench", "serve", "--endpoint", "http://127.0.0.1:9", "--extra-body", "{nope"]) == 1
+    assert "--extra-body" in capsys.readouterr().err
+    assert main(["bench", "serve", "--endpoint", "http://127.0.0.1:9", "--dataset", "builtin"]) == 1
+    assert "cannot list models" in capsys.readouterr().err

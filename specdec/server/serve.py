@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 
 from ..config import SpeculativeConfig
@@ -73,5 +74,8 @@ def run_server(args) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=int(args.drain_timeout))
     server = Server(config)
+    # uvicorn drains on SIGTERM, then re-raises the signal once it is done; a no-op handler underneath makes
+    # that re-raise harmless, so a drained shutdown exits 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     server.run()
     return 0 if server.started else 1

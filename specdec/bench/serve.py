@@ -1,0 +1,276 @@
+"""`specdec bench serve`: a serving benchmark against any OpenAI-compatible endpoint (ours, llama.cpp's, vLLM).
+
+For each endpoint and concurrency level, every prompt of the dataset is sent as a streaming chat request with
+at most `concurrency` in flight. Per request: TTFT (first content chunk), TPOT = (E2E - TTFT)/(tokens - 1),
+ITL (gaps between chunks; with speculation one chunk can carry several tokens, so mean accepted length is
+reported beside it), E2E, output tokens (from `usage`), and the server's speculative stats when it reports
+them (specdec's `speculative` extension). Percentiles P50/P90/P95/P99, request and output-token throughput,
+errors; with two or more endpoints at temperature 0, the share of completions identical to the first's.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import SpecDecError
+from .datasets import load_prompts
+from .summary import percentile
+
+PCTS = (50, 90, 95, 99)
+
+
+@dataclass
+class ServeBenchConfig:
+    endpoints: list[str]
+    dataset: str = "builtin"
+    model: str | None = None
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    max_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    out: str = "out/bench-serve"
+    labels: list[str] = field(default_factory=list)
+    extra_body: list[dict] = field(default_factory=list)
+    api_key: str | None = None
+    timeout_s: float = 600.0
+
+    def __post_init__(self):
+        if not self.endpoints:
+            raise SpecDecError("give at least one --endpoint URL")
+        for e in self.endpoints:
+            if not e.startswith(("http://", "https://")):
+                raise SpecDecError(f"--endpoint must be an http(s) URL, got '{e}'")
+        self.endpoints = [e.rstrip("/").removesuffix("/v1") for e in self.endpoints]
+        if any(c < 1 for c in self.concurrency) or not self.concurrency:
+            raise SpecDecError(f"--concurrency values must be >= 1, got {self.concurrency}")
+        if self.max_tokens < 1 or self.temperature < 0:
+            raise SpecDecError("--max-tokens must be >= 1 and --temperature >= 0")
+        if self.labels and len(self.labels) != len(self.endpoints):
+            raise SpecDecError("give one --label per --endpoint")
+        self.labels = self.labels or [f"{i}:{e}" for i, e in enumerate(self.endpoints)]
+        if len(set(self.labels)) != len(self.labels):
+            raise SpecDecError("endpoint labels must be distinct (use --label)")
+        if len(self.extra_body) not in (0, 1, len(self.endpoints)):
+            raise SpecDecError("give --extra-body once (all endpoints) or once per --endpoint")
+        if len(self.extra_body) == 1:
+            self.extra_body = self.extra_body * len(self.endpoints)
+        self.extra_body = self.extra_body or [{} for _ in self.endpoints]
+
+
+async def _one(client, url: str, body: dict, headers: dict) -> dict:
+    rec = {"ok": False, "error": None, "ttft_s": None, "e2e_s": None, "itl_s": [], "output_tokens": None,
+           "text": "", "finish_reason": None, "speculative": None}
+    start = time.perf_counter()
+    last = None
+    try:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
+            if r.status_code != 200:
+                raw = (await r.aread()).decode(errors="replace")
+                try:
+                    rec["error"] = f"HTTP {r.status_code}: {json.loads(raw)['error']['message']}"
+                except (ValueError, KeyError, TypeError):
+                    rec["error"] = f"HTTP {r.status_code}: {raw[:200]}"
+                return rec
+            parts = []
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                obj = json.loads(data)
+                if "error" in obj and not obj.get("choices"):
+                    rec["error"] = f"stream error: {obj['error'].get('message')}"
+                    return rec
+                if obj.get("usage"):
+                    rec["output_tokens"] = obj["usage"].get("completion_tokens")
+                if obj.get("speculative"):
+                    rec["speculative"] = obj["speculative"]
+                for ch in obj.get("choices") or []:
+                    text = (ch.get("delta") or {}).get("content") or ch.get("text") or ""
+                    if text:
+                        now = time.perf_counter()
+                        if rec["ttft_s"] is None:
+                            rec["ttft_s"] = now - start
+                        else:
+                            rec["itl_s"].append(now - last)
+                        last = now
+                        parts.append(text)
+                    if ch.get("finish_reason"):
+                        rec["finish_reason"] = ch["finish_reason"]
+        rec["e2e_s"] = time.perf_counter() - start
+        rec["text"] = "".join(parts)
+        if rec["output_tokens"] is None:          # a server without usage in streams: count chunks
+            rec["output_tokens"] = len(rec["itl_s"]) + (1 if rec["ttft_s"] is not None else 0)
+        if rec["ttft_s"] is None:
+            rec["ttft_s"] = rec["e2e_s"]
+        rec["ok"] = True
+    except Exception as exc:  # noqa: BLE001 - a failed request is a data point
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+    return rec
+
+
+async def _level(cfg: ServeBenchConfig, idx: int, model: str, prompts: list[dict], concurrency: int) -> tuple[list, float]:
+    import httpx
+
+    url = cfg.endpoints[idx]
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    sem = asyncio.Semaphore(concurrency)
+
+    async def run(i, p):
+        body = {"model": model, "messages": p["messages"], "max_tokens": cfg.max_tokens,
+                "temperature": cfg.temperature, "seed": cfg.seed + i, "stream": True,
+                "stream_options": {"include_usage": True}, **cfg.extra_body[idx]}
+        async with sem:
+            rec = await _one(client, url, body, headers)
+        return {"endpoint": cfg.labels[idx], "concurrency": concurrency, "prompt_index": i,
+                "category": p["category"], **rec}
+
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=cfg.timeout_s, limits=limits) as client:
+        t0 = time.perf_counter()
+        recs = await asyncio.gather(*[run(i, p) for i, p in enumerate(prompts)])
+        return list(recs), time.perf_counter() - t0
+
+
+def _served_model(url: str, api_key: str | None) -> str:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(url + "/v1/models", headers=headers, timeout=30)
+        r.raise_for_status()
+        return r.json()["data"][0]["id"]
+    except Exception as exc:  # noqa: BLE001
+        raise SpecDecError(f"cannot list models at {url}/v1/models ({type(exc).__name__}: {exc}); pass --model") from None
+
+
+def summarize_level(recs: list[dict], duration_s: float) -> dict:
+    good = [r for r in recs if r["ok"]]
+    tpot = [(r["e2e_s"] - r["ttft_s"]) / (r["output_tokens"] - 1) for r in good if (r["output_tokens"] or 0) > 1]
+    itl = [x for r in good for x in r["itl_s"]]
+    row = {"requests": len(recs), "completed": len(good), "errors": len(recs) - len(good),
+           "duration_s": duration_s,
+           "request_throughput": len(good) / duration_s if duration_s else None,
+           "output_throughput": sum(r["output_tokens"] or 0 for r in good) / duration_s if duration_s else None,
+           "output_tokens": sum(r["output_tokens"] or 0 for r in good)}
+    for name, xs in (("ttft", [r["ttft_s"] for r in good]), ("tpot", tpot), ("itl", itl),
+                     ("e2e", [r["e2e_s"] for r in good])):
+        row[f"{name}_mean_s"] = sum(xs) / len(xs) if xs else None
+        for q in PCTS:
+            row[f"{name}_p{q}_s"] = percentile(xs, q)
+    spec = [r["speculative"] for r in good if r.get("speculative")]
+    drafted = sum(s.get("draft_tokens") or 0 for s in spec)
+    accepted = sum(s.get("accepted_tokens") or 0 for s in spec)
+    steps = sum(s.get("draft_steps") or 0 for s in spec)
+    row["acceptance_rate"] = accepted / drafted if drafted else None
+    row["mean_accepted_length"] = 1 + accepted / steps if steps else None
+    row["tokens_per_chunk"] = (sum(r["output_tokens"] or 0 for r in good) /
+                               sum(len(r["itl_s"]) + 1 for r in good)) if good else None
+    return row
+
+
+def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
+    from .offline import _write_text_atomic, machine_info
+    from ..utils import write_json_atomic
+
+    prompts = load_prompts(cfg.dataset, cfg.seed)
+    out = Path(cfg.out)
+    models = [cfg.model or _served_model(u, cfg.api_key) for u in cfg.endpoints]
+    requests, summary = [], []
+    for idx in range(len(cfg.endpoints)):
+        # warm-up, untimed
+        asyncio.run(_level(ServeBenchConfig(**{**asdict(cfg), "max_tokens": 8}), idx, models[idx], prompts[:1], 1))
+        for c in cfg.concurrency:
+            if progress:
+                print(f"bench serve: {cfg.labels[idx]} concurrency {c}: {len(prompts)} requests", flush=True)
+            recs, duration = asyncio.run(_level(cfg, idx, models[idx], prompts, c))
+            requests += recs
+            summary.append({"endpoint": cfg.labels[idx], "url": cfg.endpoints[idx], "concurrency": c,
+                            **summarize_level(recs, duration)})
+    if len(cfg.endpoints) > 1 and cfg.temperature == 0:
+        first = cfg.labels[0]
+        for row in summary:
+            if row["endpoint"] == first:
+                continue
+            ref = {r["prompt_index"]: r["text"] for r in requests if r["endpoint"] == first
+                   and r["concurrency"] == row["concurrency"] and r["ok"]}
+            mine = [r for r in requests if r["endpoint"] == row["endpoint"] and r["concurrency"] == row["concurrency"]
+                    and r["ok"] and r["prompt_index"] in ref]
+            row["identical_to_first"] = (sum(r["text"] == ref[r["prompt_index"]] for r in mine) / len(mine)) if mine else None
+    import torch
+
+    result = {"config": {**asdict(cfg), "models": models, "num_prompts": len(prompts)},
+              "machine": machine_info(torch.get_num_threads()), "requests": requests, "summary": summary}
+    out.mkdir(parents=True, exist_ok=True)
+    plots = write_serve_plots(result, out)
+    _write_text_atomic(out / "report.md", render_serve_report(result, plots))
+    write_json_atomic(out / "results.json", result)
+    return result
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _ms(x):
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def render_serve_report(result: dict, plots: list[str]) -> str:
+    cfg = result["config"]
+    lines = ["# specdec serving benchmark", "",
+             f"- dataset `{cfg['dataset']}` ({cfg['num_prompts']} requests per level), max_tokens {cfg['max_tokens']}, "
+             f"temperature {cfg['temperature']:g}, concurrency {', '.join(map(str, cfg['concurrency']))}",
+             f"- machine: {result['machine']['cpu']}, {result['machine']['cpu_count']} cores, {result['machine']['date']}"]
+    for label, url, extra, model in zip(cfg["labels"], cfg["endpoints"], cfg["extra_body"], cfg["models"]):
+        lines.append(f"- endpoint `{label}`: {url}, model `{model}`" + (f", extra body `{json.dumps(extra)}`" if extra else ""))
+    lines += ["", "TTFT, TPOT, ITL and E2E in ms (P50 / P90 / P95 / P99); throughput over the whole level.", "",
+              "| endpoint | conc | ok/err | req/s | out tok/s | TTFT | TPOT | ITL | E2E | accept | MAL | tok/chunk | identical |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["summary"]:
+        def pct(name):
+            return " / ".join(_ms(r[f"{name}_p{q}_s"]) for q in PCTS)
+        ident = r.get("identical_to_first")
+        lines.append(
+            f"| {r['endpoint']} | {r['concurrency']} | {r['completed']}/{r['errors']} | "
+            f"{r['request_throughput'] or 0:.3f} | {r['output_throughput'] or 0:.2f} | {pct('ttft')} | {pct('tpot')} | "
+            f"{pct('itl')} | {pct('e2e')} | {_num(r['acceptance_rate'])} | {_num(r['mean_accepted_length'])} | "
+            f"{_num(r['tokens_per_chunk'])} | {_num(ident)} |")
+    errors = [r for r in result["requests"] if not r["ok"]]
+    if errors:
+        lines += ["", "## Errors", ""] + [f"- {r['endpoint']} c={r['concurrency']} prompt {r['prompt_index']}: {r['error']}"
+                                          for r in errors[:20]]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_serve_plots(result: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .plots import _save
+
+    rows = [r for r in result["summary"] if r["completed"]]
+    if not rows:
+        return []
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for label in dict.fromkeys(r["endpoint"] for r in rows):
+        sel = sorted((r for r in rows if r["endpoint"] == label), key=lambda r: r["concurrency"])
+        cs = [r["concurrency"] for r in sel]
+        axes[0].plot(cs, [(r["ttft_p50_s"] or 0) * 1000 for r in sel], marker="o", label=label)
+        axes[1].plot(cs, [(r["tpot_p50_s"] or 0) * 1000 for r in sel], marker="o", label=label)
+        axes[2].plot(cs, [r["output_throughput"] or 0 for r in sel], marker="o", label=label)
+    for ax, title in zip(axes, ("TTFT P50 (ms)", "TPOT P50 (ms)", "output tok/s")):
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+    axes[2].legend(fontsize=7)
+    name = _save(fig, out / "serve_latency_throughput.png")
+    plt.close(fig)
+    return [name]
