@@ -20,7 +20,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default="none", choices=["none", "ngram", "draft"], help="speculative method")
+    p.add_argument("--method", default="none", choices=["none", "ngram", "draft", "auto"],
+                   help="speculative method (auto: the policy picks method and k from a measured cost model)")
     p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=None,
                    help="draft tokens per step (default: 4 for draft, 8 for ngram)")
     _add_proposer_args(p)
@@ -65,7 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(sv)
     sv.add_argument("--speculative-config", default=None,
                     help='vLLM-style JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\' '
-                         '(default: {"method": "draft"} with the default draft)')
+                         '(default: {"method": "auto"}: the policy picks none/ngram/draft and k per request)')
+    sv.add_argument("--spec-traffic-fraction", type=float, default=1.0,
+                    help="share of requests (stable by request id) that may speculate; the rest decode plainly")
+    sv.add_argument("--spec-max-load", type=int, default=4,
+                    help="auto: running + waiting requests above this decode plainly")
+    sv.add_argument("--spec-min-acceptance", type=float, default=0.4,
+                    help="auto: a pool whose windowed acceptance falls below this falls back to plain decoding")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--max-queued", type=int, default=64, help="requests waiting beyond this get 429")
@@ -88,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     bo = bsub.add_parser("offline", help="A/B evaluation on real prompts: results.json, report.md, plots")
     _add_model_args(bo)
     bo.add_argument("--prompts", default="builtin", help="builtin | sharegpt[:N] | a JSONL file of {messages, category}")
-    bo.add_argument("--methods", default="none,ngram,draft", help="comma-separated: none,ngram,draft")
+    bo.add_argument("--methods", default="none,ngram,draft", help="comma-separated: none,ngram,draft,auto")
     bo.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
     bo.add_argument("--temperature", default="0", help="comma-separated temperatures")
     bo.add_argument("--max-tokens", type=int, default=128)

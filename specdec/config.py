@@ -3,16 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-METHODS = ("none", "ngram", "draft")
+METHODS = ("none", "ngram", "draft", "auto")
 
 # Defaults measured on the 2-core CPU (see README, "Choosing k"): the draft method peaks at k=4,
 # n-gram lookup (nearly free to propose) keeps gaining up to k=8 on edit-style prompts.
-DEFAULT_K = {"none": 0, "ngram": 8, "draft": 4}
+# For "auto", k is the largest k the policy may choose per request.
+DEFAULT_K = {"none": 0, "ngram": 8, "draft": 4, "auto": 8}
 
 
 @dataclass
 class SpeculativeConfig:
-    method: str = "none"                    # none | ngram | draft
+    method: str = "none"                    # none | ngram | draft | auto (policy picks per request)
     num_speculative_tokens: int | None = None   # k; None = the method's default
     model: str | None = None                # draft model (method "draft"); None = the default draft
     prompt_lookup_max: int = 4              # n-gram: longest tail n-gram tried first

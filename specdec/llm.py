@@ -6,11 +6,16 @@ from collections.abc import Iterator
 
 import torch
 
-from .config import SpeculativeConfig
+from .config import DEFAULT_K, SpeculativeConfig
 from .engine import Engine, RequestOutput, StreamDelta
 from .models.loader import LoadedModel, load_model
 from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from .engine.sequence import Sequence
+from .policy import CostModel, Decision, PolicyConfig, RequestFeatures
+from .policy.measure import measure_cost_model
+from .policy.pools import SpeculationPolicy
 from .proposers import DraftModelProposer, NgramProposer, check_compatible
+from .proposers.ngram import find_ngram_continuation
 from .proposers.base import NoProposer, Proposer
 from .sampling_params import SamplingParams
 
@@ -34,17 +39,77 @@ class LLM:
         self.tokenizer = self.target.tokenizer
         self.max_model_len = max_model_len
         self.draft: LoadedModel | None = None
-        if self.speculative.method == "draft":
+        if self.speculative.method in ("draft", "auto") and draft != "none":
             draft = draft or self.speculative.model or DEFAULT_DRAFT
             self.draft = load_model(draft, dtype=dtype, device=device, progress=progress,
                                     quantize=self.speculative.quantization)
             check_compatible(self.tokenizer, self.draft.tokenizer, self.target.config.vocab_size,
                              self.draft.config.vocab_size)
+        self._policy: SpeculationPolicy | None = None
+        self._auto_engines: dict[str, Engine] = {}
         self.engine = self.make_engine(self.speculative)
+
+    # -- method "auto": the policy picks none / ngram / draft and k per request ------------------------------
+    def policy(self, cfg: PolicyConfig | None = None, cost: CostModel | None = None) -> SpeculationPolicy:
+        """The speculation policy (created on first use; its cost model is measured once per machine and cached)."""
+        if self._policy is None:
+            cfg = cfg or PolicyConfig(k_max=self.speculative.num_speculative_tokens
+                                      if self.speculative.method == "auto" else DEFAULT_K["auto"])
+            available = ("ngram", "draft") if self.draft is not None else ("ngram",)
+            self._policy = SpeculationPolicy(cost or self.cost_model(cfg.k_max), cfg, available)
+        return self._policy
+
+    def cost_model(self, k_max: int) -> CostModel:
+        import hashlib
+        import json
+
+        from .models.registry import cache_dir
+        from .utils import write_json_atomic
+
+        p = self.target.model.embed_tokens.weight
+        key = "|".join(map(str, (self.target.source, self.draft.source if self.draft else None, p.dtype, p.device,
+                                 torch.get_num_threads(), k_max, torch.__version__, self.speculative.quantization)))
+        path = cache_dir() / "cost_models" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+        if path.is_file():
+            try:
+                return CostModel.from_dict(json.loads(path.read_text()))
+            except (ValueError, KeyError):
+                pass                                 # unreadable: measure again
+        cost = measure_cost_model(self.target.model, self.draft.model if self.draft else None,
+                                  lambda ids: find_ngram_continuation(ids, k_max, self.speculative.prompt_lookup_max,
+                                                                      self.speculative.prompt_lookup_min), k_max)
+        write_json_atomic(path, {**cost.to_dict(), "key": key})
+        return cost
+
+    def auto_sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str, pool: str = "default",
+                      load: int = 0) -> tuple[Engine, Sequence, Decision]:
+        """Decide for one request; returns the engine to run it on and its sequence (k controller attached)."""
+        policy = self.policy()
+        d = policy.decide(request_id, pool, RequestFeatures(params.temperature, params.top_p, params.max_tokens, load))
+        if d.method not in self._auto_engines:
+            self._auto_engines[d.method] = self.make_engine(SpeculativeConfig(
+                method=d.method, num_speculative_tokens=policy.cfg.k_max if d.method != "none" else None,
+                prompt_lookup_max=self.speculative.prompt_lookup_max,
+                prompt_lookup_min=self.speculative.prompt_lookup_min))
+        engine = self._auto_engines[d.method]
+        seq = engine.new_sequence(prompt_ids, params)
+        seq.k_controller = policy.controller(d)
+        seq.stats.method, seq.stats.num_speculative_tokens, seq.stats.policy_reason = d.method, d.k, d.reason
+        return engine, seq, d
+
+    def generate_auto(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                      pool: str = "default") -> RequestOutput:
+        engine, seq, d = self.auto_sequence(prompt_ids, params, request_id, pool)
+        for _ in engine.run(seq):
+            pass
+        self.policy().record(pool, d, params.temperature, seq.stats)
+        return RequestOutput(seq.prompt_ids, list(seq.output_ids), seq.text, seq.finish_reason, seq.stats)
 
     def make_engine(self, spec: SpeculativeConfig) -> Engine:
         """An engine over the loaded models for another speculative config (e.g. the `none` baseline)."""
         proposer: Proposer
+        if spec.method == "auto":
+            return _AutoEngine(self)
         if spec.method == "none":
             proposer = NoProposer()
         elif spec.method == "ngram":
@@ -73,3 +138,26 @@ class LLM:
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, chat: bool = True,
                engine: Engine | None = None) -> Iterator[StreamDelta]:
         return (engine or self.engine).stream(self.encode(prompt, chat), params or SamplingParams())
+
+
+class _AutoEngine:
+    """What `make_engine(SpeculativeConfig("auto"))` returns: the Engine interface, with the policy choosing the
+    real engine, method and k per request (pool "default")."""
+    method = "auto"
+
+    def __init__(self, llm: LLM):
+        self.llm = llm
+        self._n = 0
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, pool: str = "default",
+                 request_id: str | None = None) -> RequestOutput:
+        self._n += 1
+        return self.llm.generate_auto(prompt_ids, params, request_id or f"auto-{self._n}", pool)
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[StreamDelta]:
+        self._n += 1
+        engine, seq, d = self.llm.auto_sequence(prompt_ids, params, f"auto-{self._n}")
+        for delta in engine.run(seq):
+            if delta.finished:
+                self.llm.policy().record("default", d, params.temperature, seq.stats)
+            yield delta

@@ -396,3 +396,37 @@ def test_bench_serve_bad_input(capsys):
     assert "--extra-body" in capsys.readouterr().err
     assert main(["bench", "serve", "--endpoint", "http://127.0.0.1:9", "--dataset", "builtin"]) == 1
     assert "cannot list models" in capsys.readouterr().err
+
+
+def test_auto_policy_rollout_pools_and_status(llm):
+    from specdec.policy.pools import rollout_arm
+
+    with running_server(llm, SpeculativeConfig(method="auto")) as (url, state):
+        state.traffic_fraction = 0.5
+        arms = {}
+        for i in range(16):
+            rid = f"rollout-{i}"
+            r = httpx.post(url + "/v1/chat/completions", timeout=60, headers={"X-Request-Id": rid},
+                           json={"messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 24,
+                                 "temperature": 0, "spec_pool": "code"})
+            assert r.status_code == 200
+            spec = r.json()["speculative"]
+            arms[rid] = "plain" if spec["policy_reason"] == "rollout: plain arm" else "spec"
+            assert arms[rid] == rollout_arm(rid, 0.5)
+            if arms[rid] == "plain":
+                assert spec["method"] == "none"
+            else:
+                assert spec["policy_reason"] and spec["method"] in ("none", "ngram", "draft")
+        assert 0 < list(arms.values()).count("plain") < 16
+        status = httpx.get(url + "/v1/speculative/status").json()
+        assert status["default"]["method"] == "auto" and status["traffic_fraction"] == 0.5
+        assert "code" in {p["pool"] for p in status["policy"]["pools"]}
+        assert status["policy"]["cost_model"]["verify"][0] == 1.0
+        text = httpx.get(url + "/metrics").text
+        code = next(p for p in status["policy"]["pools"] if p["pool"] == "code")
+        # random tiny models accept little: the pool may already have fallen back; the gauge says which
+        flag = "1.0" if code["enabled"] else "0.0"
+        assert f'specdec:spec_decode_pool_enabled{{model_name="tiny",pool="code"}} {flag}' in text
+        assert _metric(url, "specdec:rollout_requests_total", 'arm="plain"') == list(arms.values()).count("plain")
+        r = _post(url, {"messages": MSG, "speculative": {"method": "auto", "num_speculative_tokens": 3}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "speculative.num_speculative_tokens"

@@ -74,7 +74,9 @@ class OfflineBenchConfig:
             raise SpecDecError("--max-tokens and --repeats must be >= 1")
 
     def configs(self) -> list[tuple[str, int]]:
-        return [("none", 0)] + [(m, k) for m in self.methods if m != "none" for k in self.ks]
+        """(method, k) pairs; `auto` runs once (k = 0 here: the policy picks k per request, up to max(ks))."""
+        return [("none", 0)] + [(m, k) for m in self.methods if m not in ("none", "auto") for k in self.ks] + \
+            [("auto", 0) for m in self.methods if m == "auto"]
 
 
 def machine_info(threads: int) -> dict:
@@ -116,12 +118,18 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     if out.exists() and not out.is_dir():
         raise SpecDecError(f"--out {out} exists and is not a directory")
     # hf-assisted uses the draft too, when one is loaded (method draft, or --draft given)
-    need_draft = "draft" in cfg.methods or cfg.draft is not None
+    need_draft = "draft" in cfg.methods or "auto" in cfg.methods or cfg.draft is not None
     t0 = time.perf_counter()
     llm = LLM(target=cfg.target or DEFAULT_TARGET, draft=cfg.draft, dtype=cfg.dtype, device=cfg.device,
               max_model_len=cfg.max_model_len, num_threads=cfg.threads, progress=cfg.progress,
               speculative=SpeculativeConfig(method="draft" if need_draft else "none",
-                                            quantization=cfg.draft_quantization))
+                                            quantization=cfg.draft_quantization,
+                                            prompt_lookup_max=cfg.prompt_lookup_max,
+                                            prompt_lookup_min=cfg.prompt_lookup_min))
+    if "auto" in cfg.methods:
+        from ..policy import PolicyConfig
+
+        llm.policy(PolicyConfig(k_max=max(cfg.ks)))          # measures (or reads) the cost model before timing
     load_s = time.perf_counter() - t0
     engines = {(m, k): llm.make_engine(SpeculativeConfig(method=m, num_speculative_tokens=k or None,
                                                          prompt_lookup_max=cfg.prompt_lookup_max,
@@ -132,8 +140,13 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
         if llm.draft is not None else 0
 
     warm = SamplingParams(max_tokens=4, temperature=0.0)
-    for engine in engines.values():
-        engine.generate(prompt_ids[0], warm)
+    for (m, _), engine in engines.items():
+        if m == "auto":       # warm the engines auto may pick, without teaching its pools anything
+            for sub in ("none", "ngram", "draft"):
+                if sub == "none" or sub in llm.policy().available:
+                    llm.make_engine(SpeculativeConfig(method=sub)).generate(prompt_ids[0], warm)
+        else:
+            engine.generate(prompt_ids[0], warm)
 
     total = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(engines)
     runs: list[dict] = []
@@ -147,7 +160,12 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
                     run = {"method": m, "k": k, "temperature": temp, "repeat": rep, "prompt_index": i,
                            "category": prompt["category"], "seed": seed, "prompt_tokens": len(ids)}
                     try:
-                        o = engine.generate(ids, params)
+                        if m == "auto":   # pool = category: the policy learns each category's acceptance
+                            o = engine.generate(ids, params, pool=prompt["category"], request_id=f"{i}-{rep}-{temp}")
+                            run.update({"chosen_method": o.stats.method, "chosen_k": o.stats.num_speculative_tokens,
+                                        "policy_reason": o.stats.policy_reason})
+                        else:
+                            o = engine.generate(ids, params)
                         run.update({f: v for f, v in o.stats.to_dict().items() if f in RUN_FIELDS and f not in run})
                         run["token_ids"] = o.token_ids
                         if m == "draft":
@@ -162,7 +180,11 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     memory = {"target_weight_bytes": llm.target.weight_bytes,
               "draft_weight_bytes": llm.draft.weight_bytes if llm.draft is not None else 0,
               "draft_kv_bytes_per_token": draft_kv_per_token, "peak_rss_mb": peak_rss_mb()}
-    config = {**asdict(cfg), "methods": [m for m, _ in dict.fromkeys((m, 0) for m, _ in cfg.configs())],
+    if "auto" in cfg.methods:
+        config_extra = {"policy": llm.policy().status()}
+    else:
+        config_extra = {}
+    config = {**asdict(cfg), **config_extra, "methods": [m for m, _ in dict.fromkeys((m, 0) for m, _ in cfg.configs())],
               "target": llm.target.name, "draft": llm.draft.name if llm.draft else None,
               "target_source": str(llm.target.source), "draft_source": str(llm.draft.source) if llm.draft else None,
               "num_prompts": len(prompts), "load_s": load_s, "memory": memory, "peers": peer_info}

@@ -120,7 +120,8 @@ class Engine:
         stats, params = seq.stats, seq.params
         # Drafting past max_tokens or the cache is wasted work.
         remaining = min(params.max_tokens - len(seq.output_ids), cache.max_len - cache.length) - 1
-        k = max(0, min(self.k, remaining))
+        k_cap = self.k if seq.k_controller is None else min(self.k, seq.k_controller.next_k())
+        k = max(0, min(k_cap, remaining))
         t0 = time.perf_counter()
         draft = (self.proposer.propose(ProposalContext(seq.seq_id, seq.token_ids, params, seq.generator), k)
                  if k > 0 else Draft(torch.empty(0, dtype=torch.long)))
@@ -145,6 +146,8 @@ class Engine:
         stats.draft_time_s += t1 - t0
         stats.verify_time_s += t2 - t1
         stats.observe_draft(len(draft), num_accepted)
+        if seq.k_controller is not None:
+            seq.k_controller.observe(len(draft), num_accepted)
         committed = seq.append(emitted.tolist())
         self.proposer.observe(VerifyResult(seq.seq_id, len(draft), num_accepted, len(seq.token_ids)))
         return committed

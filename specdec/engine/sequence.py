@@ -26,6 +26,8 @@ class Sequence:
     text: str = ""
     finish_reason: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
+    # optional policy object choosing k before each step (`next_k()`) and told each result (`observe()`)
+    k_controller: object | None = None
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_ids)      # prompt + output

@@ -34,6 +34,7 @@ class RequestStats:
     verify_time_s: float = 0.0
     prefill_time_s: float = 0.0
     peak_rss_mb: float = 0.0
+    policy_reason: str | None = None    # why this method and k (method "auto"), or None for a fixed config
     # raw per-position counts, kept to aggregate across requests
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_counts_per_position: list[int] = field(default_factory=list)

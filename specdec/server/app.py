@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import SpeculativeConfig
+from ..policy.pools import rollout_arm
 from .async_engine import AsyncEngine, RequestAborted, RequestHandle
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, error_body, new_id, now,
                        speculative_stats, usage)
@@ -29,6 +30,7 @@ class ServerState:
     served_model_name: str
     api_key: str | None = None
     drain_timeout_s: float = 30.0
+    traffic_fraction: float = 1.0        # share of requests (by request id hash) that may speculate
 
     @property
     def max_model_len(self) -> int:
@@ -38,6 +40,10 @@ class ServerState:
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
+        if state.engine.default_spec.method == "auto":
+            # measure (or read) the cost model before serving, and export every pool's state
+            await asyncio.to_thread(state.llm.policy)
+            state.llm.policy().set_listener(state.engine.metrics.set_pool_enabled)
         state.engine.start()
         yield
         await asyncio.to_thread(state.engine.shutdown, state.drain_timeout_s)
@@ -85,6 +91,16 @@ def create_app(state: ServerState) -> FastAPI:
     async def metrics():
         return Response(state.engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/v1/speculative/status")
+    async def speculative_status():
+        spec = state.engine.default_spec
+        policy = state.llm._policy
+        if policy is not None:
+            policy.set_listener(state.engine.metrics.set_pool_enabled)
+        return {"default": {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens},
+                "traffic_fraction": state.traffic_fraction,
+                "policy": policy.status() if policy is not None else None}
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": state.served_model_name, "object": "model", "created": now(),
@@ -94,7 +110,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
         _check_model(state, req.model)
         msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
-        handle = _admit_and_submit(state, req, lambda: state.llm.tokenizer.encode_chat(msgs))
+        handle = _admit_and_submit(state, req, lambda: state.llm.tokenizer.encode_chat(msgs), raw, "chat")
         return await _respond(state, req, handle, raw, chat=True)
 
     @app.post("/v1/completions")
@@ -102,8 +118,8 @@ def create_app(state: ServerState) -> FastAPI:
         _check_model(state, req.model)
         if req.echo:
             raise APIError(400, "echo is not supported", param="echo")
-        return await _respond(state, req, _admit_and_submit(state, req, lambda: _completion_ids(state, req.prompt)),
-                              raw, chat=False)
+        handle = _admit_and_submit(state, req, lambda: _completion_ids(state, req.prompt), raw, "completions")
+        return await _respond(state, req, handle, raw, chat=False)
 
     return app
 
@@ -153,6 +169,9 @@ def _spec_for(state: ServerState, req) -> SpeculativeConfig:
     if o is None or (o.method is None and o.num_speculative_tokens is None):
         return base
     method = o.method or base.method
+    if method == "auto" and o.num_speculative_tokens is not None:
+        raise APIError(400, "with method 'auto' the policy chooses k; leave num_speculative_tokens out",
+                       param="speculative.num_speculative_tokens")
     if method == "draft" and state.llm.draft is None:
         raise APIError(400, "speculative method 'draft' needs a draft model; this server was started without one",
                        param="speculative.method")
@@ -164,7 +183,7 @@ def _spec_for(state: ServerState, req) -> SpeculativeConfig:
         raise APIError(400, str(exc), param="speculative") from None
 
 
-def _admit_and_submit(state: ServerState, req, encode) -> RequestHandle:
+def _admit_and_submit(state: ServerState, req, encode, raw: Request, route: str) -> RequestHandle:
     engine = state.engine
     if not engine.try_admit():                     # before tokenizing: a full queue costs nothing
         engine.metrics.rejected.inc()
@@ -188,7 +207,11 @@ def _admit_and_submit(state: ServerState, req, encode) -> RequestHandle:
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
         spec = _spec_for(state, req)
-        return engine.submit(new_id("req"), prompt_ids, params, spec)
+        request_id = raw.headers.get("x-request-id") or new_id("req")
+        arm = "spec"
+        if state.traffic_fraction < 1.0 and rollout_arm(request_id, state.traffic_fraction) == "plain":
+            spec, arm = replace(spec, method="none", num_speculative_tokens=None), "plain"
+        return engine.submit(request_id, prompt_ids, params, spec, pool=req.spec_pool or route, arm=arm)
     except BaseException:
         engine.release_admission()
         raise

@@ -43,6 +43,9 @@ class RequestHandle:
     arrival: float = field(default_factory=time.perf_counter)
     seq_no: int = field(default_factory=lambda: next(_ids))
     first_token_at: float | None = None
+    pool: str = "default"
+    arm: str = "spec"
+    decision: object | None = None       # the policy's Decision (method "auto")
 
     def abort(self) -> None:
         self.aborted.set()
@@ -108,8 +111,8 @@ class AsyncEngine:
             self._reserved -= 1
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               spec: SpeculativeConfig) -> RequestHandle:
-        handle = RequestHandle(request_id, prompt_ids, params, spec, asyncio.get_running_loop())
+               spec: SpeculativeConfig, pool: str = "default", arm: str = "spec") -> RequestHandle:
+        handle = RequestHandle(request_id, prompt_ids, params, spec, asyncio.get_running_loop(), pool=pool, arm=arm)
         with self._wake:
             self._reserved -= 1
             self._waiting.append(handle)
@@ -174,8 +177,15 @@ class AsyncEngine:
             handle._push(RequestAborted(handle.request_id))
             return
         try:
-            engine = self.engine_for(handle.spec)
-            seq = engine.new_sequence(handle.prompt_ids, handle.params)
+            if handle.spec.method == "auto":
+                engine, seq, handle.decision = self.llm.auto_sequence(
+                    handle.prompt_ids, handle.params, handle.request_id, handle.pool,
+                    load=len(self._running) + len(self._waiting) + self._reserved)
+            else:
+                engine = self.engine_for(handle.spec)
+                seq = engine.new_sequence(handle.prompt_ids, handle.params)
+                if handle.arm == "plain":
+                    seq.stats.policy_reason = "rollout: plain arm"
         except Exception as exc:  # noqa: BLE001 - fails this request only
             handle._push(exc)
             return
@@ -207,4 +217,6 @@ class AsyncEngine:
         if delta.finished:
             gen.close()                      # run its `finally` now: caches released with the request
             self._running.remove(entry)
-            self.metrics.observe_finished(delta.stats, handle.arrival)
+            if handle.decision is not None:
+                self.llm.policy().record(handle.pool, handle.decision, handle.params.temperature, delta.stats)
+            self.metrics.observe_finished(delta.stats, handle.arrival, handle.arm)

@@ -50,6 +50,17 @@ class ServerMetrics:
                              buckets=_LATENCY_BUCKETS, registry=r).labels(**lbl)
         self.queue_time = Histogram("specdec:request_queue_time_seconds", "Arrival to start of decoding", names,
                                     buckets=_LATENCY_BUCKETS, registry=r).labels(**lbl)
+        self._pool_enabled = Gauge("specdec:spec_decode_pool_enabled",
+                                   "1 while a speculation pool speculates, 0 after it fell back to plain decoding",
+                                   names + ["pool"], registry=r)
+        self._arm_requests = Counter("specdec:rollout_requests", "Finished requests per rollout arm",
+                                     names + ["arm"], registry=r)
+        self._arm_tokens = Counter("specdec:rollout_generation_tokens", "Tokens generated per rollout arm",
+                                   names + ["arm"], registry=r)
+        self._arm_tpot = Histogram("specdec:rollout_time_per_output_token_seconds", "TPOT per rollout arm",
+                                   names + ["arm"], buckets=_TPOT_BUCKETS, registry=r)
+        self._arm_e2e = Histogram("specdec:rollout_e2e_request_latency_seconds", "E2E latency per rollout arm",
+                                  names + ["arm"], buckets=_LATENCY_BUCKETS, registry=r)
         self._lock = threading.Lock()
         self._window = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "draft_time": 0.0, "e2e_time": 0.0,
                         "tokens": 0.0, "since": time.monotonic()}
@@ -87,12 +98,20 @@ class ServerMetrics:
             w["e2e_time"] += stats.e2e_s
             w["tokens"] += stats.completion_tokens
 
-    def observe_finished(self, stats, arrival: float) -> None:
+    def set_pool_enabled(self, pool: str, enabled: bool) -> None:
+        self._pool_enabled.labels(**self._lbl, pool=pool).set(1 if enabled else 0)
+
+    def observe_finished(self, stats, arrival: float, arm: str = "spec") -> None:
         self._observe_spec(stats)
         self._success.labels(**self._lbl, finished_reason=stats.finish_reason or "stop").inc()
+        e2e = time.perf_counter() - arrival
         if stats.completion_tokens > 1:
             self.tpot.observe(stats.tpot_s)
-        self.e2e.observe(time.perf_counter() - arrival)
+            self._arm_tpot.labels(**self._lbl, arm=arm).observe(stats.tpot_s)
+        self.e2e.observe(e2e)
+        self._arm_e2e.labels(**self._lbl, arm=arm).observe(e2e)
+        self._arm_requests.labels(**self._lbl, arm=arm).inc()
+        self._arm_tokens.labels(**self._lbl, arm=arm).inc(stats.completion_tokens)
 
     def observe_abort(self, stats) -> None:
         self.aborted.inc()

@@ -33,7 +33,7 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
 class SpeculativeOverride(BaseModel):
     """Per-request extension: `"speculative": {"method": "none"}` or `{"num_speculative_tokens": 2}`."""
     model_config = ConfigDict(extra="forbid")
-    method: Literal["none", "ngram", "draft"] | None = None
+    method: Literal["none", "ngram", "draft", "auto"] | None = None
     num_speculative_tokens: int | None = Field(default=None, ge=1, le=32)
 
 
@@ -59,6 +59,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = None
     logprobs: bool | int | None = None
     speculative: SpeculativeOverride | None = None
+    spec_pool: str | None = Field(default=None, min_length=1, max_length=64)   # acceptance pool tag (method auto)
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         if self.n != 1:
@@ -130,4 +131,4 @@ def speculative_stats(stats: Any) -> dict:
     return {k: getattr(stats, k) for k in
             ("method", "num_speculative_tokens", "draft_steps", "draft_tokens", "accepted_tokens", "acceptance_rate",
              "mean_accepted_length", "accepted_per_position", "target_forwards", "draft_time_s", "verify_time_s",
-             "ttft_s", "tpot_s", "decode_tok_s", "e2e_s")}
+             "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "policy_reason")}

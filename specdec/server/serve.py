@@ -15,7 +15,7 @@ SPEC_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "
 def parse_speculative_config(text: str | None) -> SpeculativeConfig:
     """vLLM's `--speculative-config` JSON keys -> SpeculativeConfig."""
     if not text:
-        return SpeculativeConfig(method="draft")
+        return SpeculativeConfig(method="auto")
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -53,16 +53,24 @@ def run_server(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = parse_speculative_config(args.speculative_config)
-    if args.draft and spec.method == "draft" and spec.model is None:
+    if args.draft and spec.method in ("draft", "auto") and spec.model is None:
         spec.model = args.draft
     if args.max_queued < 0:
         raise SpecDecError("--max-queued must be >= 0")
-    llm = LLM(target=args.target, draft=spec.model if spec.method == "draft" else None, speculative=spec,
+    if not 0 <= args.spec_traffic_fraction <= 1:
+        raise SpecDecError("--spec-traffic-fraction must be in [0, 1]")
+    llm = LLM(target=args.target, draft=spec.model if spec.method in ("draft", "auto") else None, speculative=spec,
               dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, num_threads=args.threads)
+    if spec.method == "auto":
+        from ..policy import PolicyConfig
+
+        llm.policy(PolicyConfig(k_max=spec.num_speculative_tokens, max_load=args.spec_max_load,
+                                min_acceptance=args.spec_min_acceptance))
     name = args.served_model_name or llm.target.name
     metrics = ServerMetrics(name)
     engine = AsyncEngine(llm, spec, args.max_queued, metrics, log_interval_s=args.log_interval)
-    state = ServerState(llm, engine, name, api_key=args.api_key, drain_timeout_s=args.drain_timeout)
+    state = ServerState(llm, engine, name, api_key=args.api_key, drain_timeout_s=args.drain_timeout,
+                        traffic_fraction=args.spec_traffic_fraction)
     app = create_app(state)
 
     class Server(uvicorn.Server):

@@ -1,0 +1,77 @@
+"""The cost model of one speculative step, in units of one plain target step.
+
+With acceptance rate α (each draft token accepted independently with probability α) and k drafts, one target
+forward commits on average E(α, k) = (1 − α^(k+1)) / (1 − α) tokens (Leviathan et al. 2023, eq. 1). The step
+costs k·c (k draft steps, c = draft step / target step) plus V(k+1) (a target forward over k+1 tokens, relative
+to one over a single token), so the expected speedup over plain decoding is
+
+    S_draft(α, k) = E(α, k) / (k·c + V(k+1)),      S_ngram(α, k) = E(α, k) / (V(k+1) + lookup)
+
+Both c and V(n) are measured on the machine (see `measure.py`); this file is pure arithmetic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Mean tokens committed per target forward (accepted drafts + the recovered or bonus token)."""
+    if k <= 0:
+        return 1.0
+    alpha = min(max(alpha, 0.0), 1.0)
+    if alpha >= 1.0 - 1e-9:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class CostModel:
+    draft_step: float                    # c: one draft forward (one token) / one target forward (one token)
+    verify: list[float] = field(default_factory=lambda: [1.0])   # V(n) for n = 1..len; V(1) = 1 by definition
+    lookup: float = 0.0                  # n-gram lookup per step, relative to a target step
+    target_step_s: float = 0.0           # seconds of one plain target step (for net-speedup accounting)
+    source: str = "measured"             # where the numbers came from
+
+    def V(self, n: int) -> float:
+        """Target forward over n tokens relative to one token; past the measured range, extrapolate linearly."""
+        if n <= len(self.verify):
+            return self.verify[n - 1]
+        if len(self.verify) >= 2:
+            slope = max(0.0, self.verify[-1] - self.verify[-2])
+            return self.verify[-1] + slope * (n - len(self.verify))
+        return self.verify[-1]
+
+    @property
+    def max_k(self) -> int:
+        return len(self.verify) - 1
+
+    def to_dict(self) -> dict:
+        return {"draft_step": self.draft_step, "verify": list(self.verify), "lookup": self.lookup,
+                "target_step_s": self.target_step_s, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        return cls(float(d["draft_step"]), [float(v) for v in d["verify"]], float(d.get("lookup", 0.0)),
+                   float(d.get("target_step_s", 0.0)), d.get("source", "cache"))
+
+
+def expected_speedup(method: str, alpha: float, k: int, cost: CostModel) -> float:
+    """S(α, k) for `draft` or `ngram` (1.0 for `none` or k = 0)."""
+    if method == "none" or k <= 0:
+        return 1.0
+    e = expected_tokens(alpha, k)
+    if method == "draft":
+        return e / (k * cost.draft_step + cost.V(k + 1))
+    if method == "ngram":
+        return e / (cost.V(k + 1) + cost.lookup)
+    raise ValueError(f"no cost model for method '{method}'")
+
+
+def best_k(method: str, alpha: float, cost: CostModel, k_max: int) -> tuple[int, float]:
+    """The k in 1..k_max with the highest expected speedup (ties go to the smaller k)."""
+    best = (0, 1.0)
+    for k in range(1, k_max + 1):
+        s = expected_speedup(method, alpha, k, cost)
+        if s > best[1] + 1e-9:
+            best = (k, s)
+    return best

@@ -1,0 +1,181 @@
+"""Pools, the acceptance monitor and the rollout split.
+
+A pool is the served model plus a request tag (e.g. `"spec_pool": "code"`). Each pool keeps a window of its
+recent speculative requests: drafted/accepted tokens, verification steps and k, per method and temperature
+bucket, plus the measured net speedup (the cost model's time for plain decoding of the same tokens / the
+actual decode time). When the window's acceptance falls below `min_acceptance` the pool falls back to plain
+decoding (one WARNING), keeps sending a `probe_fraction` of requests through speculation, and re-enables when
+the newest probes' acceptance is back above the threshold.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from .cost_model import CostModel
+from .decide import Decision, KController, PolicyConfig, RequestFeatures, choose, effective_alpha, temperature_bucket
+
+log = logging.getLogger("specdec.policy")
+
+
+def unit_hash(request_id: str, salt: str = "") -> float:
+    """A stable number in [0, 1) per request id (the same id always lands in the same arm)."""
+    h = hashlib.sha256(f"{salt}:{request_id}".encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64
+
+
+def rollout_arm(request_id: str, fraction: float) -> str:
+    return "spec" if unit_hash(request_id, "rollout") < fraction else "plain"
+
+
+@dataclass
+class Observation:
+    method: str
+    bucket: str
+    k: int
+    drafted: int
+    accepted: int
+    steps: int
+    net_speedup: float | None
+
+
+@dataclass
+class Pool:
+    name: str
+    window: collections.deque = field(default_factory=collections.deque)
+    enabled: bool = True
+    warned: bool = False
+    probes: list = field(default_factory=list)      # observations since the pool was disabled
+    requests: int = 0
+    fallbacks: int = 0
+
+    def acceptance(self, obs: list[Observation] | None = None) -> float | None:
+        """Effective acceptance over observations: α that reproduces their tokens per verification step."""
+        obs = list(self.window) if obs is None else obs
+        steps = sum(o.steps for o in obs)
+        if not steps:
+            return None
+        mal = 1 + sum(o.accepted for o in obs) / steps
+        k = max(1, round(sum(o.k * o.steps for o in obs) / steps))
+        return effective_alpha(mal, k)
+
+    def alpha(self, method: str, bucket: str) -> float | None:
+        obs = [o for o in self.window if o.method == method and o.bucket == bucket]
+        return self.acceptance(obs) if obs else None
+
+    def net_speedup(self) -> float | None:
+        xs = [o.net_speedup for o in self.window if o.net_speedup]
+        return sum(xs) / len(xs) if xs else None
+
+    def status(self) -> dict:
+        acc = self.acceptance()
+        return {"pool": self.name, "enabled": self.enabled, "window_requests": len(self.window),
+                "acceptance": acc, "net_speedup": self.net_speedup(), "requests": self.requests,
+                "fallbacks": self.fallbacks,
+                "raw_acceptance": (sum(o.accepted for o in self.window) / sum(o.drafted for o in self.window))
+                if any(o.drafted for o in self.window) else None}
+
+
+class SpeculationPolicy:
+    """`decide()` per request, `controller()` for adaptive k, `record()` when it finishes. Thread-safe."""
+
+    def __init__(self, cost: CostModel, cfg: PolicyConfig | None = None, available: tuple[str, ...] = ("ngram", "draft"),
+                 on_pool_change=None):
+        self.cost = cost
+        self.cfg = cfg or PolicyConfig()
+        self.available = available
+        self.pools: dict[str, Pool] = {}
+        self._lock = threading.Lock()
+        self._on_pool_change = on_pool_change or (lambda name, enabled: None)
+
+    def set_listener(self, on_pool_change) -> None:
+        """on_pool_change(pool_name, enabled) is called for every pool now and on every change later."""
+        with self._lock:
+            self._on_pool_change = on_pool_change
+            for p in self.pools.values():
+                on_pool_change(p.name, p.enabled)
+
+    def pool(self, name: str) -> Pool:
+        with self._lock:
+            if name not in self.pools:
+                self.pools[name] = Pool(name, collections.deque(maxlen=self.cfg.window))
+                self._on_pool_change(name, True)
+            return self.pools[name]
+
+    def decide(self, request_id: str, pool_name: str, features: RequestFeatures) -> Decision:
+        pool = self.pool(pool_name)
+        pool.requests += 1
+        bucket = temperature_bucket(features.temperature)
+        alphas = {m: pool.alpha(m, bucket) for m in self.available}
+        d = choose(features, alphas, self.cost, self.cfg, self.available)
+        if pool.enabled:
+            return d
+        if unit_hash(request_id, "probe") < self.cfg.probe_fraction:
+            # a probe asks whether speculation pays again: judge it from the priors, not the stale window
+            d = choose(features, {}, self.cost, self.cfg, self.available)
+            if d.method != "none":
+                d.probe = True
+                d.reason = f"probe of disabled pool '{pool_name}': {d.reason}"
+                return d
+        acc = pool.acceptance()
+        return Decision("none", 0, 1.0, f"pool '{pool_name}' disabled: windowed acceptance "
+                                        f"{acc if acc is not None else 0:.2f} < {self.cfg.min_acceptance}", acc)
+
+    def controller(self, decision: Decision) -> KController | None:
+        if decision.method == "none":
+            return None
+        return KController(decision.method, decision.k, decision.alpha or 0.5, self.cost, self.cfg)
+
+    def record(self, pool_name: str, decision: Decision, temperature: float, stats) -> None:
+        """Feed a finished request's stats (a RequestStats) into its pool and re-judge the pool."""
+        if decision.method == "none" or not stats.draft_steps:
+            return
+        net = None
+        decode_s = stats.e2e_s - stats.ttft_s
+        if self.cost.target_step_s and decode_s > 0 and stats.completion_tokens > 1:
+            net = (stats.completion_tokens - 1) * self.cost.target_step_s / decode_s
+        k = max(1, round(stats.draft_tokens / stats.draft_steps))
+        obs = Observation(decision.method, temperature_bucket(temperature), k, stats.draft_tokens,
+                          stats.accepted_tokens, stats.draft_steps, net)
+        pool = self.pool(pool_name)
+        with self._lock:
+            pool.window.append(obs)
+            if not pool.enabled:
+                pool.probes.append(obs)
+            self._judge(pool)
+
+    def _judge(self, pool: Pool) -> None:
+        cfg = self.cfg
+        if pool.enabled:
+            if sum(o.drafted for o in pool.window) < cfg.min_window_tokens:
+                return
+            acc = pool.acceptance()
+            if acc is not None and acc < cfg.min_acceptance:
+                pool.enabled = False
+                pool.fallbacks += 1
+                pool.probes = []
+                if not pool.warned:
+                    log.warning("speculation pool '%s' falls back to plain decoding: windowed acceptance %.2f < %.2f "
+                                "over %d requests; probing %.0f%% of its requests", pool.name, acc,
+                                cfg.min_acceptance, len(pool.window), 100 * cfg.probe_fraction)
+                    pool.warned = True
+                self._on_pool_change(pool.name, False)
+        elif sum(o.drafted for o in pool.probes) >= cfg.min_window_tokens:
+            acc = pool.acceptance(pool.probes)
+            if acc is not None and acc >= cfg.min_acceptance + 0.05:
+                pool.enabled = True
+                pool.window.clear()                 # the stale window would veto speculation again
+                pool.window.extend(pool.probes[-cfg.window:])
+                log.info("speculation pool '%s' re-enabled: acceptance %.2f over %d probes",
+                         pool.name, acc, len(pool.probes))
+                self._on_pool_change(pool.name, True)
+            pool.probes = pool.probes[-cfg.window:]
+
+    def status(self) -> dict:
+        with self._lock:
+            pools = [p.status() for p in self.pools.values()]
+        return {"cost_model": self.cost.to_dict(),
+                "config": {k: v for k, v in vars(self.cfg).items()}, "pools": pools}

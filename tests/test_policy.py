@@ -1,0 +1,148 @@
+"""The speculation policy: cost model and choice as pure functions, adaptive k, pools with fallback, rollout."""
+import math
+
+import pytest
+
+from specdec.policy import CostModel, PolicyConfig, RequestFeatures, choose, expected_speedup, expected_tokens
+from specdec.policy.cost_model import best_k
+from specdec.policy.decide import KController, effective_alpha
+from specdec.policy.pools import SpeculationPolicy, rollout_arm
+
+# Shaped like this CPU: verifying 9 tokens costs 1.16 steps; a draft step 0.4 of a target step.
+CPU = CostModel(draft_step=0.4, verify=[1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16], lookup=0.01)
+# Shaped like a compute-bound device: every verified token costs nearly a step.
+FLAT = CostModel(draft_step=0.4, verify=[1.0 + 0.5 * i for i in range(9)])
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(0.8, 0) == 1.0
+    assert expected_speedup("draft", 0.8, 4, CPU) == pytest.approx(expected_tokens(0.8, 4) / (4 * 0.4 + 1.08))
+    assert expected_speedup("ngram", 0.8, 4, CPU) == pytest.approx(expected_tokens(0.8, 4) / (1.08 + 0.01))
+    assert CPU.V(12) == pytest.approx(1.16 + 0.02 * 3)          # linear extrapolation past the measured range
+    for a in (0.1, 0.5, 0.9):
+        assert effective_alpha(expected_tokens(a, 6), 6) == pytest.approx(a, abs=1e-6)
+
+
+@pytest.mark.parametrize("features, alphas, cost, expect", [
+    # high acceptance on a bandwidth-bound machine: draft, larger k than at moderate acceptance
+    (RequestFeatures(max_tokens=256), {"draft": 0.9, "ngram": 0.05}, CPU, ("draft", 4)),
+    (RequestFeatures(max_tokens=256), {"draft": 0.6, "ngram": 0.05}, CPU, ("draft", 1)),
+    # high temperature with the low acceptance it brings: plain decoding
+    (RequestFeatures(temperature=1.2, max_tokens=256), {"draft": 0.3, "ngram": 0.02}, CPU, ("none", 0)),
+    # short outputs: plain, whatever the acceptance
+    (RequestFeatures(max_tokens=8), {"draft": 0.95, "ngram": 0.9}, CPU, ("none", 0)),
+    # high load: plain
+    (RequestFeatures(max_tokens=256, load=9), {"draft": 0.95, "ngram": 0.9}, CPU, ("none", 0)),
+    # copy-heavy prompts: n-gram with a long draft (free to propose, cheap to verify)
+    (RequestFeatures(max_tokens=256), {"draft": 0.7, "ngram": 0.8}, CPU, ("ngram", 8)),
+    # compute-bound verification: only very high acceptance pays, with a short draft
+    (RequestFeatures(max_tokens=256), {"draft": 0.7, "ngram": 0.3}, FLAT, ("none", 0)),
+    (RequestFeatures(max_tokens=256), {"draft": 0.3, "ngram": 0.97}, FLAT, ("ngram", best_k("ngram", 0.97, FLAT, 8)[0])),
+])
+def test_choice_table(features, alphas, cost, expect):
+    d = choose(features, alphas, cost, PolicyConfig())
+    assert (d.method, d.k) == expect, d.reason
+    assert d.reason
+    if d.method != "none":
+        assert d.expected_speedup >= PolicyConfig().min_speedup
+        assert d.expected_speedup == pytest.approx(expected_speedup(d.method, alphas[d.method], d.k, cost))
+
+
+def test_flat_costs_need_shorter_drafts():
+    assert best_k("draft", 0.9, FLAT, 8)[0] < best_k("draft", 0.9, CPU, 8)[0]
+
+
+def test_larger_alpha_means_larger_k():
+    ks = [best_k("draft", a, CPU, 8)[0] for a in (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)]
+    assert ks == sorted(ks) and ks[0] < ks[-1]
+
+
+def test_k_controller_adapts_within_a_request():
+    ctl = KController("draft", 4, 0.9, CPU, PolicyConfig())
+    assert ctl.next_k() == 4
+    for _ in range(6):                       # everything rejected: k shrinks to 0 (plain steps)
+        ctl.observe(ctl.k or 1, 0)
+    assert ctl.k == 0
+    good = KController("draft", 1, 0.6, CPU, PolicyConfig())
+    for _ in range(20):                      # everything accepted: k grows
+        good.observe(max(good.k, 1), max(good.k, 1))
+    assert good.k >= 4
+
+
+class _Stats:
+    def __init__(self, drafted, accepted, steps, tokens=64, e2e=2.0, ttft=0.1):
+        self.draft_tokens, self.accepted_tokens, self.draft_steps = drafted, accepted, steps
+        self.completion_tokens, self.e2e_s, self.ttft_s = tokens, e2e, ttft
+
+
+def test_pool_falls_back_warns_once_and_probes(caplog):
+    changes = []
+    pol = SpeculationPolicy(CPU, PolicyConfig(probe_fraction=0.2), ("draft",),
+                            on_pool_change=lambda name, on: changes.append((name, on)))
+    f = RequestFeatures(max_tokens=128)
+    d = pol.decide("r0", "code", f)
+    assert d.method == "draft"                      # the prior says it pays
+    with caplog.at_level("WARNING", logger="specdec.policy"):
+        pol.record("code", d, 0.0, _Stats(drafted=40, accepted=2, steps=10))
+        pol.record("code", d, 0.0, _Stats(drafted=40, accepted=2, steps=10))
+    assert not pol.pools["code"].enabled and changes[-1] == ("code", False)
+    assert sum("falls back" in r.message for r in caplog.records) == 1
+    decisions = [pol.decide(f"r{i}", "code", f) for i in range(1, 201)]
+    probes = [x for x in decisions if x.probe]
+    assert all(x.method == "none" for x in decisions if not x.probe)
+    assert 20 <= len(probes) <= 60                  # ~20% probes
+    assert pol.pools["other"].enabled if pol.pool("other") else True   # pools are independent
+    for p in probes[:3]:                            # good probes re-enable it
+        pol.record("code", p, 0.0, _Stats(drafted=40, accepted=38, steps=10))
+    assert pol.pools["code"].enabled and changes[-1] == ("code", True)
+    assert pol.decide("r-next", "code", f).method == "draft"
+    st = pol.status()["pools"]
+    assert {p["pool"] for p in st} == {"code", "other"} and all("acceptance" in p for p in st)
+
+
+def test_rollout_fraction_split_and_stability():
+    n, frac = 4000, 0.3
+    arms = [rollout_arm(f"req-{i}", frac) for i in range(n)]
+    share = arms.count("spec") / n
+    assert abs(share - frac) < 4 * math.sqrt(frac * (1 - frac) / n)      # binomial tolerance
+    assert arms == [rollout_arm(f"req-{i}", frac) for i in range(n)]     # stable per request id
+    assert all(rollout_arm(f"x{i}", 1.0) == "spec" for i in range(100))
+    assert all(rollout_arm(f"x{i}", 0.0) == "plain" for i in range(100))
+
+
+def test_pool_with_useless_draft_falls_back_keeps_parity_and_recovers(tiny_dirs):
+    """End to end on tiny models: a random draft is useless; the pool falls back within its window; every
+    output stays the target's greedy output; when the draft is replaced by a good one, probes re-enable it."""
+    from specdec import LLM, SamplingParams, SpeculativeConfig
+
+    llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
+              speculative=SpeculativeConfig(method="auto"), progress=False)
+    cost = CostModel(draft_step=0.1, verify=[1.0] * 9)       # speculation looks cheap: only acceptance decides
+    llm._policy = SpeculationPolicy(cost, PolicyConfig(probe_fraction=0.5), ("draft",))
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    prompts = [llm.encode(p) for p in ["def add(a, b):", "class Cache:", "The quick brown fox", "你好，世界"]]
+    plain = {tuple(p): llm.make_engine(SpeculativeConfig("none")).generate(p, params).token_ids for p in prompts}
+    pool = llm.policy().pool("p")
+    methods = []
+    for i in range(8):
+        ids = prompts[i % len(prompts)]
+        out = llm.generate_auto(ids, params, f"bad-{i}", pool="p")
+        assert out.token_ids == plain[tuple(ids)]
+        methods.append(out.stats.method)
+        if not pool.enabled:
+            break
+    assert not pool.enabled and methods[0] == "draft"
+    # a good draft returns (the target drafting for itself: acceptance 1)
+    llm._auto_engines["draft"].proposer.model = llm.target.model
+    for i in range(40):
+        ids = prompts[i % len(prompts)]
+        out = llm.generate_auto(ids, params, f"good-{i}", pool="p")
+        assert out.token_ids == plain[tuple(ids)]
+        if pool.enabled:
+            break
+    assert pool.enabled
+    out = llm.generate_auto(prompts[0], params, "after", pool="p")
+    assert out.stats.method == "draft" and out.stats.acceptance_rate == 1.0 and "draft k=" in out.stats.policy_reason
