@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     bo = bsub.add_parser("offline", help="A/B evaluation on real prompts: results.json, report.md, plots")
     _add_model_args(bo)
     bo.add_argument("--prompts", default="builtin", help="builtin | sharegpt[:N] | a JSONL file of {messages, category}")
+    bo.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
     bo.add_argument("--methods", default="none,ngram,draft", help="comma-separated: none,ngram,draft,auto")
     bo.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
     bo.add_argument("--temperature", default="0", help="comma-separated temperatures")
@@ -188,7 +189,8 @@ def cmd_bench_offline(args) -> int:
     from .bench.report import recommend
 
     cfg = OfflineBenchConfig(
-        prompts=args.prompts, methods=_csv(args.methods, str, "--methods"), ks=_csv(args.k, int, "--k"),
+        prompts=args.prompts, categories=_csv(args.categories, str, "--categories") if args.categories else None,
+        methods=_csv(args.methods, str, "--methods"), ks=_csv(args.k, int, "--k"),
         temperatures=_csv(args.temperature, float, "--temperature"), max_tokens=args.max_tokens,
         repeats=args.repeats, seed=args.seed, out=args.out, peers=_csv(args.peers, str, "--peers"),
         target=args.target, draft=args.draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,

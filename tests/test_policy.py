@@ -73,9 +73,12 @@ def test_k_controller_adapts_within_a_request():
 
 
 class _Stats:
-    def __init__(self, drafted, accepted, steps, tokens=64, e2e=2.0, ttft=0.1):
+    """What the pool reads from a RequestStats: every decode forward verified a draft."""
+    def __init__(self, drafted, accepted, steps, e2e=2.0, ttft=0.1):
         self.draft_tokens, self.accepted_tokens, self.draft_steps = drafted, accepted, steps
-        self.completion_tokens, self.e2e_s, self.ttft_s = tokens, e2e, ttft
+        self.target_forwards = steps
+        self.completion_tokens = 1 + steps + accepted
+        self.e2e_s, self.ttft_s = e2e, ttft
 
 
 def test_pool_falls_back_warns_once_and_probes(caplog):
@@ -101,6 +104,21 @@ def test_pool_falls_back_warns_once_and_probes(caplog):
     assert pol.decide("r-next", "code", f).method == "draft"
     st = pol.status()["pools"]
     assert {p["pool"] for p in st} == {"code", "other"} and all("acceptance" in p for p in st)
+
+
+def test_each_method_is_explored_once_per_pool_and_bucket():
+    pol = SpeculationPolicy(CPU, PolicyConfig(), ("ngram", "draft"))
+    f = RequestFeatures(max_tokens=128)
+    first = pol.decide("a", "edit", f)
+    pol.record("edit", first, 0.0, _Stats(drafted=40, accepted=36, steps=10))
+    second = pol.decide("b", "edit", f)
+    assert {first.method, second.method} == {"ngram", "draft"} and "exploring" in second.reason
+    pol.record("edit", second, 0.0, _Stats(drafted=40, accepted=4, steps=10))
+    third = pol.decide("c", "edit", f)
+    assert third.method == first.method and "observed" in third.reason
+    # a new temperature bucket explores again; short outputs never explore
+    assert pol.decide("d", "edit", RequestFeatures(temperature=1.0, max_tokens=128)).method != "none"
+    assert pol.decide("e", "fresh", RequestFeatures(max_tokens=4)).method == "none"
 
 
 def test_rollout_fraction_split_and_stability():

@@ -34,6 +34,7 @@ RUN_FIELDS = ("method", "k", "temperature", "repeat", "prompt_index", "category"
 @dataclass
 class OfflineBenchConfig:
     prompts: str = "builtin"
+    categories: list[str] | None = None     # keep only these categories of the prompt source
     methods: list[str] = field(default_factory=lambda: ["none", "ngram", "draft"])
     ks: list[int] = field(default_factory=lambda: [4])
     temperatures: list[float] = field(default_factory=lambda: [0.0])
@@ -114,6 +115,12 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     from ..models.registry import DEFAULT_TARGET
 
     prompts = load_prompts(cfg.prompts, cfg.seed)          # bad input fails before any model loads
+    if cfg.categories:
+        have = dict.fromkeys(p["category"] for p in prompts)
+        missing = [c for c in cfg.categories if c not in have]
+        if missing:
+            raise SpecDecError(f"no prompts in category '{missing[0]}' (have: {', '.join(have)})")
+        prompts = [p for p in prompts if p["category"] in cfg.categories]
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise SpecDecError(f"--out {out} exists and is not a directory")

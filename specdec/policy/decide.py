@@ -19,7 +19,8 @@ class PolicyConfig:
     window: int = 16                  # pool window, in speculative requests
     min_window_tokens: int = 24       # draft tokens a window needs before the pool can be judged
     probe_fraction: float = 0.1       # share of a disabled pool's requests that still speculate, to re-test it
-    prior_alpha: dict = field(default_factory=lambda: {"draft": 0.7, "ngram": 0.5})  # before any observation
+    prior_alpha: dict = field(default_factory=lambda: {"draft": 0.8, "ngram": 0.3})  # before any observation
+    explore_requests: int = 1         # requests per (pool, temperature bucket) each method gets before exploiting
     prior_weight: float = 8.0         # draft tokens' worth of confidence in the prior within a request
 
     def __post_init__(self):
@@ -48,6 +49,7 @@ class Decision:
     alpha: float | None = None        # the acceptance estimate the choice used
     arm: str = "spec"                 # rollout arm: spec | plain
     probe: bool = False               # a disabled pool's probe request
+    gated: bool = False               # plain because of the request itself (short output, high load)
 
 
 def temperature_bucket(temperature: float) -> str:
@@ -64,10 +66,12 @@ def prior_alpha(method: str, temperature: float, cfg: PolicyConfig) -> float:
 
 
 def effective_alpha(mean_accepted_length: float, k: int) -> float:
-    """The α for which E(α, k) equals an observed mean accepted length (bisection; E is increasing in α).
+    """The α for which E(α, k) equals an observed number of tokens per target forward (bisection; E increases
+    with α).
 
-    Acceptance is bursty (a copied span is accepted whole, then nothing), so accepted/drafted understates what
-    a step yields; matching the observed tokens per step keeps the cost model honest for n-gram drafts.
+    Acceptance is bursty (a copied span is accepted whole, then nothing) and an n-gram proposer often finds
+    nothing to propose, so accepted/drafted says little about what a step yields; matching the observed tokens
+    per forward keeps the cost model honest.
     """
     target = min(max(mean_accepted_length, 1.0), k + 1.0)
     lo, hi = 0.0, 1.0
@@ -90,9 +94,10 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
     ('draft', 4)
     """
     if features.max_tokens < cfg.min_max_tokens:
-        return Decision("none", 0, 1.0, f"max_tokens {features.max_tokens} < {cfg.min_max_tokens}: too short to pay")
+        return Decision("none", 0, 1.0, f"max_tokens {features.max_tokens} < {cfg.min_max_tokens}: too short to pay",
+                        gated=True)
     if features.load > cfg.max_load:
-        return Decision("none", 0, 1.0, f"load {features.load} > {cfg.max_load}: no idle compute to spend")
+        return Decision("none", 0, 1.0, f"load {features.load} > {cfg.max_load}: no idle compute to spend", gated=True)
     k_max = min(cfg.k_max, features.max_tokens - 1)
     best: Decision | None = None
     for method in available:

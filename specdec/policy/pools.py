@@ -16,7 +16,8 @@ import threading
 from dataclasses import dataclass, field
 
 from .cost_model import CostModel
-from .decide import Decision, KController, PolicyConfig, RequestFeatures, choose, effective_alpha, temperature_bucket
+from .decide import (Decision, KController, PolicyConfig, RequestFeatures, choose, effective_alpha, prior_alpha,
+                     temperature_bucket)
 
 log = logging.getLogger("specdec.policy")
 
@@ -35,10 +36,12 @@ def rollout_arm(request_id: str, fraction: float) -> str:
 class Observation:
     method: str
     bucket: str
-    k: int
+    k: int                    # mean draft length over the steps that drafted
     drafted: int
     accepted: int
-    steps: int
+    steps: int                # verification steps with a non-empty draft
+    forwards: int             # all decode-phase target forwards (steps without a draft included)
+    tokens: int               # decode-phase tokens (after the first)
     net_speedup: float | None
 
 
@@ -52,19 +55,30 @@ class Pool:
     requests: int = 0
     fallbacks: int = 0
 
-    def acceptance(self, obs: list[Observation] | None = None) -> float | None:
-        """Effective acceptance over observations: α that reproduces their tokens per verification step."""
-        obs = list(self.window) if obs is None else obs
+    @staticmethod
+    def _alpha(obs: list[Observation]) -> float | None:
+        """Effective α of one method's observations: reproduces their tokens per target forward."""
+        forwards = sum(o.forwards for o in obs)
         steps = sum(o.steps for o in obs)
-        if not steps:
+        if not forwards or not steps:
             return None
-        mal = 1 + sum(o.accepted for o in obs) / steps
         k = max(1, round(sum(o.k * o.steps for o in obs) / steps))
-        return effective_alpha(mal, k)
+        return effective_alpha(sum(o.tokens for o in obs) / forwards, k)
+
+    def acceptance(self, obs: list[Observation] | None = None) -> float | None:
+        """The pool's acceptance: the best method's effective α over the observations (the pool is useful
+        while any method is)."""
+        obs = list(self.window) if obs is None else obs
+        alphas = [self._alpha([o for o in obs if o.method == m]) for m in dict.fromkeys(o.method for o in obs)]
+        alphas = [a for a in alphas if a is not None]
+        return max(alphas) if alphas else None
 
     def alpha(self, method: str, bucket: str) -> float | None:
         obs = [o for o in self.window if o.method == method and o.bucket == bucket]
-        return self.acceptance(obs) if obs else None
+        return self._alpha(obs) if obs else None
+
+    def count(self, method: str, bucket: str) -> int:
+        return sum(1 for o in self.window if o.method == method and o.bucket == bucket)
 
     def net_speedup(self) -> float | None:
         xs = [o.net_speedup for o in self.window if o.net_speedup]
@@ -111,7 +125,17 @@ class SpeculationPolicy:
         bucket = temperature_bucket(features.temperature)
         alphas = {m: pool.alpha(m, bucket) for m in self.available}
         d = choose(features, alphas, self.cost, self.cfg, self.available)
+        if d.gated:
+            return d
         if pool.enabled:
+            # each method gets a few requests per (pool, temperature bucket) before the estimates are trusted
+            unexplored = [m for m in self.available if pool.count(m, bucket) < self.cfg.explore_requests]
+            if unexplored and d.method not in unexplored:
+                m = unexplored[0]
+                e = choose(features, {m: None}, self.cost, self.cfg, (m,))
+                k = e.k or 1
+                return Decision(m, k, e.expected_speedup, f"exploring {m} k={k} in pool '{pool_name}' "
+                                f"({bucket}): no observation yet", e.alpha or prior_alpha(m, features.temperature, self.cfg))
             return d
         if unit_hash(request_id, "probe") < self.cfg.probe_fraction:
             # a probe asks whether speculation pays again: judge it from the priors, not the stale window
@@ -139,7 +163,8 @@ class SpeculationPolicy:
             net = (stats.completion_tokens - 1) * self.cost.target_step_s / decode_s
         k = max(1, round(stats.draft_tokens / stats.draft_steps))
         obs = Observation(decision.method, temperature_bucket(temperature), k, stats.draft_tokens,
-                          stats.accepted_tokens, stats.draft_steps, net)
+                          stats.accepted_tokens, stats.draft_steps, max(1, stats.target_forwards),
+                          max(0, stats.completion_tokens - 1), net)
         pool = self.pool(pool_name)
         with self._lock:
             pool.window.append(obs)
