@@ -27,22 +27,25 @@ def prompts_file(tmp_path):
 def test_bench_offline_tiny_end_to_end(tiny_dirs, prompts_file, tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["bench", "offline", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
-               "--prompts", str(prompts_file), "--methods", "none,ngram,draft", "--k", "2,3",
+               "--prompts", str(prompts_file), "--methods", "none,ngram,draft,auto", "--k", "2,3",
                "--temperature", "0,1.0", "--max-tokens", "12", "--dtype", "float32", "--peers", "hf",
                "--out", str(out), "--no-progress"])
     assert rc == 0, capsys.readouterr().err
     result = json.loads((out / "results.json").read_text())
     assert set(result) == {"config", "machine", "runs", "summary"}
     runs = result["runs"]
-    # 2 prompts x 2 temperatures x (none + 2 methods x 2 k + 3 hf peers)
-    assert len(runs) == 2 * 2 * (1 + 4 + 3)
+    # 2 prompts x 2 temperatures x (none + 2 methods x 2 k + auto + 3 hf peers)
+    assert len(runs) == 2 * 2 * (1 + 4 + 1 + 3)
+    auto = [r for r in runs if r["method"] == "auto"]
+    assert all(r["chosen_method"] in ("none", "ngram", "draft") and r["policy_reason"] for r in auto)
+    assert all(r["chosen_k"] <= 3 for r in auto)
     for r in runs:
         assert not r.get("error"), r
         assert RUN_FIELDS <= set(r), RUN_FIELDS - set(r)
         assert r["completion_tokens"] == len(r["token_ids"]) <= 12
     assert {r["category"] for r in runs} == {"code", "default"}
     # float32 greedy: every speculative run is token-identical to plain decoding
-    greedy_spec = [r for r in runs if r["temperature"] == 0 and r["method"] in ("ngram", "draft")]
+    greedy_spec = [r for r in runs if r["temperature"] == 0 and r["method"] in ("ngram", "draft", "auto")]
     assert greedy_spec and all(r["parity"] is True for r in greedy_spec)
     # transformers' greedy on the same weights agrees with ours too
     assert all(r["parity"] for r in runs if r["temperature"] == 0 and r["method"] == "hf-none")
