@@ -82,9 +82,8 @@ class ServerMetrics:
         self.drafts.inc(stats.draft_steps)
         self.draft_tokens.inc(stats.draft_tokens)
         self.accepted_tokens.inc(stats.accepted_tokens)
-        for i, n in enumerate(stats.accepted_counts_per_position[:MAX_POSITIONS]):
-            if n:
-                self._per_pos.labels(**self._lbl, position=str(i)).inc(n)
+        for i, n in enumerate(stats.accepted_counts_per_position[:MAX_POSITIONS]):   # every drafted position
+            self._per_pos.labels(**self._lbl, position=str(i)).inc(n)
         self.draft_time.inc(stats.draft_time_s)
         self.verify_time.inc(stats.verify_time_s)
         self.prompt_tokens.inc(stats.prompt_tokens)
