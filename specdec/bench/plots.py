@@ -7,6 +7,11 @@ from pathlib import Path
 from .summary import ALL
 
 
+def _legend(ax, **kw) -> None:
+    if ax.get_legend_handles_labels()[0]:      # nothing plotted (e.g. no draft positions): no empty legend
+        ax.legend(**kw)
+
+
 def _save(fig, path: Path) -> str:
     tmp = path.with_name(f".{path.name}.tmp")
     fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
@@ -42,7 +47,7 @@ def write_plots(result: dict, out: Path) -> list[str]:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cats))], cats)
     ax.set_ylabel("decode tok/s")
     ax.set_title(f"Decode speed by method and category (temperature {t0:g}, best k)")
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=8)
     files.append(_save(fig, out / "decode_tok_s.png"))
     plt.close(fig)
 
@@ -66,7 +71,7 @@ def write_plots(result: dict, out: Path) -> list[str]:
         a2.axhline(1.0, color="grey", lw=0.8)
         a1.set_title(f"Acceptance vs k (T={t0:g})")
         a2.set_title(f"Speedup vs k (T={t0:g})")
-        a2.legend(fontsize=7, ncol=2)
+        _legend(a2, fontsize=7, ncol=2)
         files.append(_save(fig, out / "acceptance_speedup_vs_k.png"))
         plt.close(fig)
 
@@ -82,7 +87,7 @@ def write_plots(result: dict, out: Path) -> list[str]:
         ax.set_xlabel("temperature")
         ax.set_ylabel("speedup vs none")
         ax.set_title(f"Speedup vs temperature ({cat})")
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
         files.append(_save(fig, out / "speedup_vs_temperature.png"))
         plt.close(fig)
 
@@ -96,7 +101,7 @@ def write_plots(result: dict, out: Path) -> list[str]:
         ax.set_ylabel("acceptance at position")
         ax.set_ylim(0, 1.05)
         ax.set_title(f"Per-position acceptance ({cat}, T={t0:g})")
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
         files.append(_save(fig, out / "acceptance_per_position.png"))
         plt.close(fig)
     return files

@@ -255,7 +255,7 @@ def write_serve_plots(result: dict, out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plots import _save
+    from .plots import _legend, _save
 
     rows = [r for r in result["summary"] if r["completed"]]
     if not rows:
@@ -270,7 +270,7 @@ def write_serve_plots(result: dict, out: Path) -> list[str]:
     for ax, title in zip(axes, ("TTFT P50 (ms)", "TPOT P50 (ms)", "output tok/s")):
         ax.set_xlabel("concurrency")
         ax.set_title(title)
-    axes[2].legend(fontsize=7)
+    _legend(axes[2], fontsize=7)
     name = _save(fig, out / "serve_latency_throughput.png")
     plt.close(fig)
     return [name]
