@@ -148,6 +148,7 @@ class _AutoEngine:
     def __init__(self, llm: LLM):
         self.llm = llm
         self._n = 0
+        self.max_model_len = llm.make_engine(SpeculativeConfig("none")).max_model_len
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, pool: str = "default",
                  request_id: str | None = None) -> RequestOutput:

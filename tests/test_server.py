@@ -335,7 +335,7 @@ def test_sigterm_drains_in_flight_and_exits_0(tiny_dirs, tmp_path):
     port = free_port()
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--target", str(tiny_dirs["target"]),
-                             "--dtype", "float32", "--speculative-config", '{"method": "ngram"}', "--port", str(port),
+                             "--dtype", "float32", "--draft", str(tiny_dirs["draft"]), "--port", str(port),
                              "--drain-timeout", "20", "--served-model-name", "tiny"],
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -349,6 +349,9 @@ def test_sigterm_drains_in_flight_and_exits_0(tiny_dirs, tmp_path):
                 pass
             assert proc.poll() is None and time.time() < deadline, (tmp_path / "server.log").read_text()
             time.sleep(0.2)
+        # the default speculative config is method auto
+        assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "tiny"
+        assert httpx.get(url + "/v1/speculative/status").json()["default"]["method"] == "auto"
         body = {"messages": MSG, "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
         lines = []
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
