@@ -116,8 +116,11 @@ def test_each_method_is_explored_once_per_pool_and_bucket():
     pol.record("edit", second, 0.0, _Stats(drafted=40, accepted=4, steps=10))
     third = pol.decide("c", "edit", f)
     assert third.method == first.method and "observed" in third.reason
-    # a new temperature bucket explores again; short outputs never explore
-    assert pol.decide("d", "edit", RequestFeatures(temperature=1.0, max_tokens=128)).method != "none"
+    # a new temperature bucket borrows the greedy bucket's estimates (lowered) instead of exploring again
+    hot = pol.decide("d", "edit", RequestFeatures(temperature=1.0, max_tokens=128))
+    assert hot.method == first.method and "exploring" not in hot.reason
+    assert hot.alpha < pol.pools["edit"].alpha(first.method, "greedy")
+    # short outputs never explore
     assert pol.decide("e", "fresh", RequestFeatures(max_tokens=4)).method == "none"
 
 

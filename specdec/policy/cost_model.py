@@ -32,6 +32,14 @@ class CostModel:
     target_step_s: float = 0.0           # seconds of one plain target step (for net-speedup accounting)
     source: str = "measured"             # where the numbers came from
 
+    def __post_init__(self):
+        # a forward over more tokens never costs less than over fewer: measurement noise (and row padding that
+        # makes 1..6 tokens cost the same) must not make verification look cheaper than a plain step
+        v = [1.0]
+        for x in self.verify[1:]:
+            v.append(max(x, v[-1]))
+        self.verify = v
+
     def V(self, n: int) -> float:
         """Target forward over n tokens relative to one token; past the measured range, extrapolate linearly."""
         if n <= len(self.verify):

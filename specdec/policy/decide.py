@@ -21,7 +21,6 @@ class PolicyConfig:
     probe_fraction: float = 0.1       # share of a disabled pool's requests that still speculate, to re-test it
     prior_alpha: dict = field(default_factory=lambda: {"draft": 0.8, "ngram": 0.3})  # before any observation
     explore_requests: int = 1         # requests per (pool, temperature bucket) each method gets before exploiting
-    prior_weight: float = 8.0         # draft tokens' worth of confidence in the prior within a request
 
     def __post_init__(self):
         if not 1 <= self.k_max <= 32:
@@ -120,9 +119,12 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
 class KController:
     """Adaptive k within one request: after each verification, re-estimate α and re-choose k.
 
-    The request's own acceptance is blended with the pool's (as a prior worth `prior_weight` draft tokens), so a
-    few early rejections do not collapse k. The engine asks `next_k()` before each step and reports `observe()`.
+    The estimate is the effective α of the request's own steps (tokens committed per verification, which keeps
+    bursty n-gram copies honest), blended with the pool's α as a prior worth `prior_steps` steps, so a few early
+    rejections do not collapse k. The engine asks `next_k()` before each step and reports `observe()`.
     """
+
+    prior_steps = 2.0
 
     def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig):
         self.method, self.k, self.cost, self.cfg = method, k, cost, cfg
@@ -134,8 +136,11 @@ class KController:
 
     @property
     def alpha(self) -> float:
-        w = self.cfg.prior_weight
-        return (self.prior_alpha * w + self.accepted) / (w + self.drafted)
+        if not self.steps:
+            return self.prior_alpha
+        own = effective_alpha(1 + self.accepted / self.steps, max(1, round(self.drafted / self.steps)))
+        w = self.prior_steps
+        return (self.prior_alpha * w + own * self.steps) / (w + self.steps)
 
     def next_k(self) -> int:
         self.history.append(self.k)

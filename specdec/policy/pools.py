@@ -77,8 +77,19 @@ class Pool:
         obs = [o for o in self.window if o.method == method and o.bucket == bucket]
         return self._alpha(obs) if obs else None
 
-    def count(self, method: str, bucket: str) -> int:
-        return sum(1 for o in self.window if o.method == method and o.bucket == bucket)
+    def count(self, method: str, bucket: str | None = None) -> int:
+        return sum(1 for o in self.window if o.method == method and (bucket is None or o.bucket == bucket))
+
+    def borrowed_alpha(self, method: str, bucket: str) -> float | None:
+        """No observation in this temperature bucket: the nearest other bucket's α, lowered when this bucket is
+        hotter (sampled draws agree less often)."""
+        order = ["greedy", "low", "high"]
+        here = order.index(bucket)
+        for other in sorted((b for b in order if b != bucket), key=lambda b: abs(order.index(b) - here)):
+            a = self.alpha(method, other)
+            if a is not None:
+                return a * (0.85 ** max(0, here - order.index(other)))
+        return None
 
     def net_speedup(self) -> float | None:
         xs = [o.net_speedup for o in self.window if o.net_speedup]
@@ -124,12 +135,16 @@ class SpeculationPolicy:
         pool.requests += 1
         bucket = temperature_bucket(features.temperature)
         alphas = {m: pool.alpha(m, bucket) for m in self.available}
+        for m in self.available:
+            if alphas[m] is None:
+                alphas[m] = pool.borrowed_alpha(m, bucket)
         d = choose(features, alphas, self.cost, self.cfg, self.available)
         if d.gated:
             return d
         if pool.enabled:
-            # each method gets a few requests per (pool, temperature bucket) before the estimates are trusted
-            unexplored = [m for m in self.available if pool.count(m, bucket) < self.cfg.explore_requests]
+            # each method gets a few requests per pool before the estimates are trusted (other temperature
+            # buckets' observations count: they inform this bucket through borrowed_alpha)
+            unexplored = [m for m in self.available if pool.count(m) < self.cfg.explore_requests]
             if unexplored and d.method not in unexplored:
                 m = unexplored[0]
                 e = choose(features, {m: None}, self.cost, self.cfg, (m,))
