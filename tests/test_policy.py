@@ -167,3 +167,15 @@ def test_pool_with_useless_draft_falls_back_keeps_parity_and_recovers(tiny_dirs)
     assert pool.enabled
     out = llm.generate_auto(prompts[0], params, "after", pool="p")
     assert out.stats.method == "draft" and out.stats.acceptance_rate == 1.0 and "draft k=" in out.stats.policy_reason
+
+
+def test_pool_is_not_judged_before_every_method_was_tried():
+    pol = SpeculationPolicy(CPU, PolicyConfig(), ("ngram", "draft"))
+    f = RequestFeatures(max_tokens=128)
+    first = pol.decide("a", "chat", f)
+    pol.record("chat", first, 0.0, _Stats(drafted=40, accepted=1, steps=10))      # a poor first method
+    assert pol.pools["chat"].enabled
+    second = pol.decide("b", "chat", f)
+    assert second.method != first.method and "exploring" in second.reason
+    pol.record("chat", second, 0.0, _Stats(drafted=40, accepted=36, steps=10))    # the other one works
+    assert pol.pools["chat"].enabled and pol.decide("c", "chat", f).method == second.method

@@ -192,6 +192,8 @@ class SpeculationPolicy:
         if pool.enabled:
             if sum(o.drafted for o in pool.window) < cfg.min_window_tokens:
                 return
+            if any(pool.count(m) < cfg.explore_requests for m in self.available):
+                return        # one method's poor first try says nothing about the other's: judge after both
             acc = pool.acceptance()
             if acc is not None and acc < cfg.min_acceptance:
                 pool.enabled = False
