@@ -176,6 +176,6 @@ def test_pool_is_not_judged_before_every_method_was_tried():
     pol.record("chat", first, 0.0, _Stats(drafted=40, accepted=1, steps=10))      # a poor first method
     assert pol.pools["chat"].enabled
     second = pol.decide("b", "chat", f)
-    assert second.method != first.method and "exploring" in second.reason
+    assert second.method != first.method
     pol.record("chat", second, 0.0, _Stats(drafted=40, accepted=36, steps=10))    # the other one works
     assert pol.pools["chat"].enabled and pol.decide("c", "chat", f).method == second.method
