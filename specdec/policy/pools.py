@@ -141,6 +141,10 @@ class SpeculationPolicy:
         d = choose(features, alphas, self.cost, self.cfg, self.available)
         if d.gated:
             return d
+        if pool.enabled and d.method == "none":
+            # the observed acceptance rules speculation out before the window is full: judge the pool now
+            with self._lock:
+                self._judge(pool, force=True)
         if pool.enabled:
             # each method gets a few requests per pool before the estimates are trusted (other temperature
             # buckets' observations count: they inform this bucket through borrowed_alpha)
@@ -187,10 +191,10 @@ class SpeculationPolicy:
                 pool.probes.append(obs)
             self._judge(pool)
 
-    def _judge(self, pool: Pool) -> None:
+    def _judge(self, pool: Pool, force: bool = False) -> None:
         cfg = self.cfg
         if pool.enabled:
-            if sum(o.drafted for o in pool.window) < cfg.min_window_tokens:
+            if not force and sum(o.drafted for o in pool.window) < cfg.min_window_tokens:
                 return
             if any(pool.count(m) < cfg.explore_requests for m in self.available):
                 return        # one method's poor first try says nothing about the other's: judge after both
