@@ -205,19 +205,10 @@ def cmd_bench_offline(args) -> int:
 
 
 def cmd_bench_serve(args) -> int:
-    import json
-
     from .bench.serve import ServeBenchConfig, render_serve_report, run_serve_bench
+    from .utils import parse_json_object
 
-    extra = []
-    for text in args.extra_body:
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecDecError(f"--extra-body is not valid JSON ({exc.msg}): {text}") from None
-        if not isinstance(obj, dict):
-            raise SpecDecError("--extra-body must be a JSON object")
-        extra.append(obj)
+    extra = [parse_json_object(text, "--extra-body") for text in args.extra_body]
     cfg = ServeBenchConfig(endpoints=args.endpoint, dataset=args.dataset, model=args.model,
                            concurrency=_csv(args.concurrency, int, "--concurrency"), max_tokens=args.max_tokens,
                            temperature=args.temperature, seed=args.seed, out=args.out, labels=args.label,

@@ -6,6 +6,19 @@ import os
 import tempfile
 from pathlib import Path
 
+from .errors import SpecDecError
+
+
+def parse_json_object(text: str, flag: str) -> dict:
+    """A command-line flag's JSON object, or a one-line SpecDecError naming the flag."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecDecError(f"{flag} is not valid JSON ({exc.msg}): {text}") from None
+    if not isinstance(obj, dict):
+        raise SpecDecError(f"{flag} must be a JSON object")
+    return obj
+
 
 def write_json_atomic(path: str | Path, data: dict) -> None:
     """Write JSON to a temporary file beside `path`, then rename it into place (never half-written)."""

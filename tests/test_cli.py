@@ -70,3 +70,15 @@ def test_stdin_prompt_and_no_traceback_in_subprocess(tiny_dirs):
     bad = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "x", "--target", "nope"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("config, message", [
+    ("{bad", "--speculative-config is not valid JSON"),
+    ("[1]", "--speculative-config must be a JSON object"),
+    ('{"method": "medusa"}', "unknown speculative method 'medusa'"),
+    ('{"num_speculative_tokens": 4, "foo": 1}', "unknown key 'foo'"),
+])
+def test_serve_rejects_bad_speculative_config(capsys, config, message):
+    rc = main(["serve", "--speculative-config", config])
+    err = capsys.readouterr().err
+    assert rc == 1 and message in err and err.count("\n") == 1

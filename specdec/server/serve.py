@@ -1,13 +1,13 @@
 """`specdec serve`: load the models, start uvicorn, print ready-to-paste examples, drain on SIGTERM."""
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
 
 from ..config import SpeculativeConfig
 from ..errors import SpecDecError
+from ..utils import parse_json_object
 
 SPEC_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "quantization"}
 
@@ -16,12 +16,7 @@ def parse_speculative_config(text: str | None) -> SpeculativeConfig:
     """vLLM's `--speculative-config` JSON keys -> SpeculativeConfig."""
     if not text:
         return SpeculativeConfig(method="auto")
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecDecError(f"--speculative-config is not valid JSON ({exc.msg})") from None
-    if not isinstance(obj, dict):
-        raise SpecDecError("--speculative-config must be a JSON object")
+    obj = parse_json_object(text, "--speculative-config")
     unknown = set(obj) - SPEC_KEYS
     if unknown:
         raise SpecDecError(f"--speculative-config: unknown key '{sorted(unknown)[0]}' (known: {', '.join(sorted(SPEC_KEYS))})")
