@@ -20,15 +20,19 @@ def parse_json_object(text: str, flag: str) -> dict:
     return obj
 
 
-def write_json_atomic(path: str | Path, data: dict) -> None:
-    """Write JSON to a temporary file beside `path`, then rename it into place (never half-written)."""
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write text to a temporary file beside `path`, then rename it into place (never half-written)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
         os.replace(tmp, target)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str | Path, data: dict) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2))

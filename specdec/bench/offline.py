@@ -19,7 +19,7 @@ from ..config import DEFAULT_K, METHODS, SpeculativeConfig
 from ..errors import SpecDecError
 from ..metrics.stats import peak_rss_mb
 from ..sampling_params import SamplingParams
-from ..utils import write_json_atomic
+from ..utils import write_json_atomic, write_text_atomic
 from .datasets import load_prompts
 from .decode import divergence_margin
 from .summary import summarize
@@ -187,11 +187,8 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     memory = {"target_weight_bytes": llm.target.weight_bytes,
               "draft_weight_bytes": llm.draft.weight_bytes if llm.draft is not None else 0,
               "draft_kv_bytes_per_token": draft_kv_per_token, "peak_rss_mb": peak_rss_mb()}
-    if "auto" in cfg.methods:
-        config_extra = {"policy": llm.policy().status()}
-    else:
-        config_extra = {}
-    config = {**asdict(cfg), **config_extra, "methods": [m for m, _ in dict.fromkeys((m, 0) for m, _ in cfg.configs())],
+    config = {**asdict(cfg), **({"policy": llm.policy().status()} if "auto" in cfg.methods else {}),
+              "methods": list(dict.fromkeys(m for m, _ in cfg.configs())),
               "target": llm.target.name, "draft": llm.draft.name if llm.draft else None,
               "target_source": str(llm.target.source), "draft_source": str(llm.draft.source) if llm.draft else None,
               "num_prompts": len(prompts), "load_s": load_s, "memory": memory, "peers": peer_info}
@@ -269,11 +266,6 @@ def write_outputs(result: dict, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     plots = write_plots(result, out)
-    _write_text_atomic(out / "report.md", render_report(result, plots))
+    write_text_atomic(out / "report.md", render_report(result, plots))
     write_json_atomic(out / "results.json", result)
 
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

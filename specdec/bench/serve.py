@@ -174,8 +174,8 @@ def summarize_level(recs: list[dict], duration_s: float) -> dict:
 
 
 def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
-    from .offline import _write_text_atomic, machine_info
-    from ..utils import write_json_atomic
+    from ..utils import write_json_atomic, write_text_atomic
+    from .offline import machine_info
 
     prompts = load_prompts(cfg.dataset, cfg.seed)
     out = Path(cfg.out)
@@ -207,7 +207,7 @@ def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
               "machine": machine_info(torch.get_num_threads()), "requests": requests, "summary": summary}
     out.mkdir(parents=True, exist_ok=True)
     plots = write_serve_plots(result, out)
-    _write_text_atomic(out / "report.md", render_serve_report(result, plots))
+    write_text_atomic(out / "report.md", render_serve_report(result, plots))
     write_json_atomic(out / "results.json", result)
     return result
 

@@ -132,7 +132,6 @@ class KController:
         self.drafted = 0
         self.accepted = 0
         self.steps = 0
-        self.history: list[int] = []
 
     @property
     def alpha(self) -> float:
@@ -143,7 +142,6 @@ class KController:
         return (self.prior_alpha * w + own * self.steps) / (w + self.steps)
 
     def next_k(self) -> int:
-        self.history.append(self.k)
         return self.k
 
     def observe(self, num_draft: int, num_accepted: int) -> None:

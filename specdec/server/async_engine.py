@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import threading
 import time
@@ -24,7 +23,6 @@ from ..sampling_params import SamplingParams
 from .metrics import ServerMetrics
 
 log = logging.getLogger("specdec.server")
-_ids = itertools.count()
 
 
 class QueueFull(Exception):
@@ -41,7 +39,6 @@ class RequestHandle:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     aborted: threading.Event = field(default_factory=threading.Event)
     arrival: float = field(default_factory=time.perf_counter)
-    seq_no: int = field(default_factory=lambda: next(_ids))
     first_token_at: float | None = None
     pool: str = "default"
     arm: str = "spec"
