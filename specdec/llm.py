@@ -86,14 +86,20 @@ class LLM:
         """Decide for one request; returns the engine to run it on and its sequence (k controller attached)."""
         policy = self.policy()
         d = policy.decide(request_id, pool, RequestFeatures(params.temperature, params.top_p, params.max_tokens, load))
-        if d.method not in self._auto_engines:
-            self._auto_engines[d.method] = self.make_engine(SpeculativeConfig(
-                method=d.method, num_speculative_tokens=policy.cfg.k_max if d.method != "none" else None,
-                prompt_lookup_max=self.speculative.prompt_lookup_max,
-                prompt_lookup_min=self.speculative.prompt_lookup_min))
-        engine = self._auto_engines[d.method]
+        key = "none" if d.method == "none" else "spec"
+        if key not in self._auto_engines:
+            if key == "none":
+                engine = self.make_engine(SpeculativeConfig("none"))
+            else:   # the draft (when loaded) and prompt lookup side by side; the step controller picks per step
+                proposer = (DraftModelProposer(self.draft.model, self.tokenizer.vocab_size) if self.draft is not None
+                            else NoProposer())
+                engine = Engine(self.target.model, self.tokenizer, proposer, policy.cfg.k_max, self.max_model_len,
+                                lookup=NgramProposer(self.speculative.prompt_lookup_max,
+                                                     self.speculative.prompt_lookup_min))
+            self._auto_engines[key] = engine
+        engine = self._auto_engines[key]
         seq = engine.new_sequence(prompt_ids, params)
-        seq.k_controller = policy.controller(d)
+        seq.controller = policy.controller(d, pool, params.temperature)
         seq.stats.method, seq.stats.num_speculative_tokens, seq.stats.policy_reason = d.method, d.k, d.reason
         return engine, seq, d
 
@@ -102,7 +108,7 @@ class LLM:
         engine, seq, d = self.auto_sequence(prompt_ids, params, request_id, pool)
         for _ in engine.run(seq):
             pass
-        self.policy().record(pool, d, params.temperature, seq.stats)
+        self.policy().record(pool, d, params.temperature, seq.stats, seq.controller)
         return RequestOutput(seq.prompt_ids, list(seq.output_ids), seq.text, seq.finish_reason, seq.stats)
 
     def make_engine(self, spec: SpeculativeConfig) -> Engine:
@@ -160,5 +166,5 @@ class _AutoEngine:
         engine, seq, d = self.llm.auto_sequence(prompt_ids, params, f"auto-{self._n}")
         for delta in engine.run(seq):
             if delta.finished:
-                self.llm.policy().record("default", d, params.temperature, seq.stats)
+                self.llm.policy().record("default", d, params.temperature, seq.stats, seq.controller)
             yield delta

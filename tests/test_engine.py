@@ -192,3 +192,57 @@ def test_draft_with_same_size_but_different_token_text_refused(tiny_dirs, tiny_m
     assert swapped.vocab_size == target.tokenizer.vocab_size
     with pytest.raises(SpecDecError, match="token text differs"):
         check_compatible(target.tokenizer, swapped, target.config.vocab_size, target.config.vocab_size)
+
+
+class _ScriptedLookup:
+    """Stands in for prompt lookup: guesses the known continuation, with every third guess wrong from its second
+    token on (partial acceptance)."""
+
+    def __init__(self, prompt_len, continuation):
+        self.prompt_len, self.continuation, self.calls = prompt_len, continuation, 0
+
+    def match(self, token_ids, k):
+        self.calls += 1
+        done = len(token_ids) - self.prompt_len
+        guess = list(self.continuation[done: done + k])
+        if self.calls % 3 == 0 and len(guess) > 1:
+            guess[1:] = [(t + 1) % 100 for t in guess[1:]]
+        return 2, guess
+
+
+class _AlternatingController:
+    """A scripted step controller: lookup's guess on every other step (when there is one), the draft otherwise;
+    keeps what the engine reports."""
+
+    def __init__(self, k):
+        self.k, self.i, self.seen = k, 0, []
+
+    def plan(self, n, lookup_len):
+        self.i += 1
+        return ("lookup", lookup_len) if self.i % 2 and lookup_len else ("draft", self.k)
+
+    def observe(self, source, num_draft, num_accepted, n=0, lookup_len=0, lookup_matched=0):
+        self.seen.append((source, num_draft, num_accepted, lookup_len, lookup_matched))
+
+
+def test_draft_and_lookup_side_by_side_keep_parity_and_the_draft_cache_in_step(tiny_models):
+    """Method auto's engine: lookup steps in between draft steps. A draft equal to the target must still have
+    every token accepted (its cache catches up on the tokens lookup committed), and greedy output is unchanged."""
+    target, _ = tiny_models
+    ids = _ids(target)
+    base = _engine(target).generate(ids, _greedy(48))
+    engine = Engine(target.model, target.tokenizer, DraftModelProposer(target.model, target.tokenizer.vocab_size),
+                    3, lookup=_ScriptedLookup(len(ids), base.token_ids))
+    seq = engine.new_sequence(ids, _greedy(48))
+    seq.controller = ctl = _AlternatingController(3)
+    for _ in engine.run(seq):
+        pass
+    assert seq.output_ids == base.token_ids
+    lookups = [s for s in ctl.seen if s[0] == "lookup"]
+    drafts = [s for s in ctl.seen if s[0] == "draft" and s[1]]
+    assert lookups and drafts and seq.stats.lookup_steps == len(lookups)
+    assert all(acc == nd for _, nd, acc, _, _ in drafts)            # self-draft: all accepted after catch-up
+    assert all(acc == matched for _, _, acc, _, matched in lookups)  # a verified guess is scored by what was accepted
+    assert any(acc < nd for _, nd, acc, _, _ in lookups)            # some guesses were partly rejected
+    # a guess shadowed during a draft step is scored by its agreement with the committed tokens
+    assert all(matched <= min(length, nd + 1) for s, nd, _, length, matched in ctl.seen if s == "draft")

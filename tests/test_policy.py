@@ -5,7 +5,7 @@ import pytest
 
 from specdec.policy import CostModel, PolicyConfig, RequestFeatures, choose, expected_speedup, expected_tokens
 from specdec.policy.cost_model import best_k
-from specdec.policy.decide import KController, effective_alpha
+from specdec.policy.decide import StepController, effective_alpha
 from specdec.policy.pools import SpeculationPolicy, rollout_arm
 
 # Shaped like this CPU: verifying 9 tokens costs 1.16 steps; a draft step 0.4 of a target step.
@@ -36,8 +36,10 @@ def test_expected_tokens_formula():
     (RequestFeatures(max_tokens=8), {"draft": 0.95, "ngram": 0.9}, CPU, ("none", 0)),
     # high load: plain
     (RequestFeatures(max_tokens=256, load=9), {"draft": 0.95, "ngram": 0.9}, CPU, ("none", 0)),
-    # copy-heavy prompts: n-gram with a long draft (free to propose, cheap to verify)
-    (RequestFeatures(max_tokens=256), {"draft": 0.7, "ngram": 0.8}, CPU, ("ngram", 8)),
+    # copy-heavy prompts but a draft that pays too: the draft, with lookup taking the steps where it is better
+    (RequestFeatures(max_tokens=256), {"draft": 0.7, "ngram": 0.8}, CPU, ("draft", best_k("draft", 0.7, CPU, 8)[0])),
+    # a useless draft, copy-heavy prompts: n-gram with a long draft (free to propose, cheap to verify)
+    (RequestFeatures(max_tokens=256), {"draft": 0.2, "ngram": 0.8}, CPU, ("ngram", 8)),
     # compute-bound verification: only very high acceptance pays, with a short draft
     (RequestFeatures(max_tokens=256), {"draft": 0.7, "ngram": 0.3}, FLAT, ("none", 0)),
     (RequestFeatures(max_tokens=256), {"draft": 0.3, "ngram": 0.97}, FLAT, ("ngram", best_k("ngram", 0.97, FLAT, 8)[0])),
@@ -60,16 +62,36 @@ def test_larger_alpha_means_larger_k():
     assert ks == sorted(ks) and ks[0] < ks[-1]
 
 
-def test_k_controller_adapts_within_a_request():
-    ctl = KController("draft", 4, 0.9, CPU, PolicyConfig())
-    assert ctl.next_k() == 4
+def test_step_controller_adapts_k_within_a_request():
+    ctl = StepController("draft", 4, 0.9, CPU, PolicyConfig())
+    assert ctl.plan(0, 0) == ("draft", 4)
     for _ in range(6):                       # everything rejected: k shrinks to 0 (plain steps)
-        ctl.observe(ctl.k or 1, 0)
-    assert ctl.k == 0
-    good = KController("draft", 1, 0.6, CPU, PolicyConfig())
+        ctl.observe("draft", ctl.k or 1, 0)
+    assert ctl.k == 0 and ctl.plan(0, 0) == ("draft", 0)
+    good = StepController("draft", 1, 0.6, CPU, PolicyConfig())
     for _ in range(20):                      # everything accepted: k grows
-        good.observe(max(good.k, 1), max(good.k, 1))
+        good.observe("draft", max(good.k, 1), max(good.k, 1))
     assert good.k >= 4
+
+
+def test_step_controller_takes_lookup_where_it_beats_the_draft():
+    ctl = StepController("draft", 4, 0.9, CPU, PolicyConfig())
+    # before any record: a lookup guess is worth less than a good draft
+    assert ctl.plan(4, 8)[0] == "draft"
+    # shadow record: long matches' guesses agreed with what the target committed; single-token matches did not
+    for _ in range(6):
+        ctl.observe("draft", 4, 4, n=4, lookup_len=8, lookup_matched=4)
+        ctl.observe("draft", 4, 4, n=1, lookup_len=8, lookup_matched=0)
+    assert ctl.plan(4, 8)[0] == "lookup"     # copying: verify the guess, no draft steps spent
+    assert ctl.plan(1, 8) == ("draft", ctl.k)
+    assert ctl.plan(0, 0) == ("draft", ctl.k)
+    # verified lookup steps update the record the same way: a run of rejections sends the steps back to the draft
+    for _ in range(12):
+        ctl.observe("lookup", 8, 0, n=4, lookup_len=8, lookup_matched=0)
+    assert ctl.plan(4, 8)[0] == "draft" and ctl.lookup_steps == 12
+    # without a useful draft (k = 0) any guess beats a plain step on a machine where verification is free
+    lone = StepController("ngram", 0, 0.3, CPU, PolicyConfig())
+    assert lone.plan(1, 3)[0] == "lookup" and lone.plan(0, 0) == ("draft", 0)
 
 
 class _Stats:
@@ -106,20 +128,32 @@ def test_pool_falls_back_warns_once_and_probes(caplog):
     assert {p["pool"] for p in st} == {"code", "other"} and all("acceptance" in p for p in st)
 
 
-def test_each_method_is_explored_once_per_pool_and_bucket():
+def test_draft_is_explored_and_lookup_is_scored_for_free():
     pol = SpeculationPolicy(CPU, PolicyConfig(), ("ngram", "draft"))
     f = RequestFeatures(max_tokens=128)
     first = pol.decide("a", "edit", f)
-    pol.record("edit", first, 0.0, _Stats(drafted=40, accepted=36, steps=10))
+    assert first.method == "draft" and "prior" in first.reason
+    # the request: the draft's tokens are all rejected, lookup's guesses (verified or shadowed) mostly agree
+    ctl = pol.controller(first, "edit", 0.0)
+    for _ in range(12):
+        source, k = ctl.plan(4, 8)
+        ctl.observe(source, k, 0 if source == "draft" else 6, n=4, lookup_len=8, lookup_matched=6)
+    assert ctl.lookup_steps > 0 and ctl.steps > 0
+    pol.record("edit", first, 0.0, _Stats(drafted=40, accepted=20, steps=12), ctl)
+    pool = pol.pools["edit"]
+    assert pool.count("ngram") == 1 and pool.count("draft") == 1
+    assert pool.alpha("ngram", "greedy") > 0.7 > 0.3 > pool.alpha("draft", "greedy")
     second = pol.decide("b", "edit", f)
-    assert {first.method, second.method} == {"ngram", "draft"} and "exploring" in second.reason
-    pol.record("edit", second, 0.0, _Stats(drafted=40, accepted=4, steps=10))
-    third = pol.decide("c", "edit", f)
-    assert third.method == first.method and "observed" in third.reason
+    assert second.method == "ngram" and "observed" in second.reason and "exploring" not in second.reason
+    assert pol.controller(second, "edit", 0.0).lookup_prior      # the next request starts from the pool's record
     # a new temperature bucket borrows the greedy bucket's estimates (lowered) instead of exploring again
     hot = pol.decide("d", "edit", RequestFeatures(temperature=1.0, max_tokens=128))
-    assert hot.method == first.method and "exploring" not in hot.reason
-    assert hot.alpha < pol.pools["edit"].alpha(first.method, "greedy")
+    assert hot.method == "ngram" and "exploring" not in hot.reason
+    assert hot.alpha < pool.alpha("ngram", "greedy")
+    # where the prior says the draft cannot pay, it still gets one request per pool to show it
+    flat = SpeculationPolicy(FLAT, PolicyConfig(), ("ngram", "draft"))
+    first = flat.decide("a", "copy", f)
+    assert first.method == "draft" and "exploring" in first.reason
     # short outputs never explore
     assert pol.decide("e", "fresh", RequestFeatures(max_tokens=4)).method == "none"
 
@@ -157,7 +191,7 @@ def test_pool_with_useless_draft_falls_back_keeps_parity_and_recovers(tiny_dirs)
             break
     assert not pool.enabled and methods[0] == "draft"
     # a good draft returns (the target drafting for itself: acceptance 1)
-    llm._auto_engines["draft"].proposer.model = llm.target.model
+    llm._auto_engines["spec"].proposer.model = llm.target.model
     for i in range(40):
         ids = prompts[i % len(prompts)]
         out = llm.generate_auto(ids, params, f"good-{i}", pool="p")

@@ -27,7 +27,7 @@ from .summary import summarize
 RUN_FIELDS = ("method", "k", "temperature", "repeat", "prompt_index", "category", "seed", "prompt_tokens",
               "completion_tokens", "finish_reason", "ttft_s", "tpot_s", "decode_tok_s", "e2e_s",
               "acceptance_rate", "mean_accepted_length", "accepted_per_position", "draft_time_s", "verify_time_s",
-              "prefill_time_s", "target_forwards", "draft_steps", "draft_tokens", "accepted_tokens",
+              "prefill_time_s", "target_forwards", "draft_steps", "lookup_steps", "draft_tokens", "accepted_tokens",
               "drafted_per_position", "accepted_counts_per_position", "draft_kv_bytes", "peak_rss_mb")
 
 

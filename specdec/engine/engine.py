@@ -16,6 +16,7 @@ from ..metrics.stats import RequestStats
 from ..models.kv_cache import KVCache
 from ..models.qwen2 import Transformer
 from ..proposers.base import Draft, NoProposer, ProposalContext, Proposer, VerifyResult
+from ..proposers.ngram import NgramProposer
 from ..sampling.logits import probs_from_logits, sample
 from ..sampling.rejection import verify_greedy, verify_sampling
 from ..sampling_params import SamplingParams
@@ -43,11 +44,15 @@ class RequestOutput:
 
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, proposer: Proposer | None = None,
-                 num_speculative_tokens: int = 0, max_model_len: int | None = None):
+                 num_speculative_tokens: int = 0, max_model_len: int | None = None,
+                 lookup: NgramProposer | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.proposer = proposer or NoProposer()
-        self.k = num_speculative_tokens if not isinstance(self.proposer, NoProposer) else 0
+        # prompt lookup offered to a sequence's step controller next to the proposer (method "auto")
+        self.lookup = lookup
+        speculates = not isinstance(self.proposer, NoProposer) or lookup is not None
+        self.k = num_speculative_tokens if speculates else 0
         self.vocab_size = tokenizer.vocab_size      # shared with the draft; padding rows never sampled
         self.max_model_len = min(max_model_len or model.config.max_position_embeddings,
                                  model.config.max_position_embeddings)
@@ -116,15 +121,28 @@ class Engine:
         return seq.append([first])
 
     def _decode_step(self, seq: Sequence, cache: KVCache) -> list[int]:
-        """One target forward: verify a draft of up to k tokens (k = 0: a plain step)."""
-        stats, params = seq.stats, seq.params
+        """One target forward: verify a draft of up to k tokens (k = 0: a plain step).
+
+        With a step controller on the sequence (method "auto"), the controller picks, before each step, the
+        proposer's k or the prompt-lookup guess, and is told afterwards how both fared.
+        """
+        stats, params, ctl = seq.stats, seq.params, seq.controller
         # Drafting past max_tokens or the cache is wasted work.
         remaining = min(params.max_tokens - len(seq.output_ids), cache.max_len - cache.length) - 1
-        k_cap = self.k if seq.k_controller is None else min(self.k, seq.k_controller.next_k())
-        k = max(0, min(k_cap, remaining))
+        room = max(0, min(self.k, remaining))
         t0 = time.perf_counter()
-        draft = (self.proposer.propose(ProposalContext(seq.seq_id, seq.token_ids, params, seq.generator), k)
-                 if k > 0 else Draft(torch.empty(0, dtype=torch.long)))
+        n, guess, source, k = 0, [], "draft", room
+        if ctl is not None:
+            if self.lookup is not None:
+                n, guess = self.lookup.match(seq.token_ids, room)
+            source, k = ctl.plan(n, len(guess))
+            k = max(0, min(k, room))
+        if source == "lookup":
+            draft = Draft(torch.tensor(guess[:k], dtype=torch.long))
+        elif k > 0:
+            draft = self.proposer.propose(ProposalContext(seq.seq_id, seq.token_ids, params, seq.generator), k)
+        else:
+            draft = Draft(torch.empty(0, dtype=torch.long))
         t1 = time.perf_counter()
         draft_ids = draft.token_ids.to(self.device)                          # [k']
         pending = torch.tensor([seq.token_ids[-1]], dtype=torch.long, device=self.device)
@@ -137,7 +155,8 @@ class Engine:
             num_accepted, emitted = verify_greedy(logits.argmax(-1), draft_ids)
         else:
             p_target = probs_from_logits(logits, params.temperature, params.top_k, params.top_p, params.min_p)
-            q_draft = None if draft.q_draft is None else draft.q_draft[:, : self.vocab_size].to(self.device)
+            q_draft = (None if source == "lookup" or draft.q_draft is None
+                       else draft.q_draft[:, : self.vocab_size].to(self.device))
             num_accepted, emitted = verify_sampling(p_target, q_draft, draft_ids, seq.generator)
         # The pending token and the accepted drafts are now in the cache; the emitted last token is not.
         cache.rollback(base + 1 + num_accepted)
@@ -146,8 +165,14 @@ class Engine:
         stats.draft_time_s += t1 - t0
         stats.verify_time_s += t2 - t1
         stats.observe_draft(len(draft), num_accepted)
-        if seq.k_controller is not None:
-            seq.k_controller.observe(len(draft), num_accepted)
-        committed = seq.append(emitted.tolist())
+        emitted = emitted.tolist()
+        if ctl is not None:
+            if source == "lookup":
+                stats.lookup_steps += 1
+                matched = num_accepted
+            else:   # how the guess would have fared: its agreement with what the target committed
+                matched = next((i for i, (g, e) in enumerate(zip(guess, emitted)) if g != e), min(len(guess), len(emitted)))
+            ctl.observe(source, len(draft), num_accepted, n, len(guess), matched)
+        committed = seq.append(emitted)
         self.proposer.observe(VerifyResult(seq.seq_id, len(draft), num_accepted, len(seq.token_ids)))
         return committed

@@ -26,8 +26,9 @@ class Sequence:
     text: str = ""
     finish_reason: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
-    # optional policy object choosing k before each step (`next_k()`) and told each result (`observe()`)
-    k_controller: object | None = None
+    # optional step controller (method "auto"): picks the proposer's k or the lookup guess before each step
+    # (`plan()`) and is told how both fared (`observe()`); see policy.decide.StepController
+    controller: object | None = None
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_ids)      # prompt + output

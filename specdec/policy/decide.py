@@ -1,12 +1,12 @@
 """Per-request choice of (method, k): pure functions of the request, the pool's observed acceptance and the
-measured cost model. `choose` returns a Decision with one short reason; `KController` re-chooses k after every
-verification of a running request.
+measured cost model. `choose` returns a Decision with one short reason; `StepController` re-chooses, before every
+step of a running request, between the draft model (and its k) and prompt lookup.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .cost_model import CostModel, best_k, expected_tokens
+from .cost_model import CostModel, best_k, expected_speedup, expected_tokens
 
 
 @dataclass
@@ -98,40 +98,62 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
     if features.load > cfg.max_load:
         return Decision("none", 0, 1.0, f"load {features.load} > {cfg.max_load}: no idle compute to spend", gated=True)
     k_max = min(cfg.k_max, features.max_tokens - 1)
-    best: Decision | None = None
+    cands: dict[str, Decision] = {}
     for method in available:
         alpha = alphas.get(method)
         observed = alpha is not None
         if alpha is None:
             alpha = prior_alpha(method, features.temperature, cfg)
         k, s = best_k(method, alpha, cost, k_max)
-        if k and (best is None or s > best.expected_speedup):
+        if k:
             src = "observed" if observed else "prior"
-            best = Decision(method, k, s, f"{method} k={k}: {src} α={alpha:.2f} -> expected {s:.2f}x", alpha)
-    if best is None or best.expected_speedup < cfg.min_speedup:
-        if best is None:
-            return Decision("none", 0, 1.0, "no method is expected to beat plain decoding")
+            cands[method] = Decision(method, k, s, f"{method} k={k}: {src} α={alpha:.2f} -> expected {s:.2f}x", alpha)
+    if not cands:
+        return Decision("none", 0, 1.0, "no method is expected to beat plain decoding")
+    best = max(cands.values(), key=lambda d: d.expected_speedup)
+    if best.expected_speedup < cfg.min_speedup:
         return Decision("none", 0, 1.0, f"best {best.method} k={best.k} expected {best.expected_speedup:.2f}x "
                                         f"< {cfg.min_speedup:.2f}x (α={best.alpha:.2f})", best.alpha)
+    draft = cands.get("draft")
+    if draft is not None and draft.expected_speedup >= cfg.min_speedup and "ngram" in available:
+        # the draft runs whenever it pays: prompt lookup still takes the steps where its guess is the better bet
+        # (StepController), so the pair does at least as well as lookup alone
+        draft.reason += " (lookup where it beats the draft)"
+        return draft
     return best
 
 
-class KController:
-    """Adaptive k within one request: after each verification, re-estimate α and re-choose k.
+class StepController:
+    """One request's step-by-step choice between the draft model and prompt lookup, and the draft's k.
 
-    The estimate is the effective α of the request's own steps (tokens committed per verification, which keeps
-    bursty n-gram copies honest), blended with the pool's α as a prior worth `prior_steps` steps, so a few early
-    rejections do not collapse k. The engine asks `next_k()` before each step and reports `observe()`.
+    Draft: after each draft step, re-estimate α (the effective α of the request's own draft steps, which keeps
+    bursty acceptance honest, blended with the pool's α as a prior worth `prior_steps` steps, so a few early
+    rejections do not collapse k) and re-choose k; k = 0 once no k is expected to pay.
+
+    Lookup: before each step the engine offers the prompt-lookup guess (free to make) with the length n of the
+    matched n-gram; it is used instead of the draft when its expected yield per unit of time, from this
+    request's record for matches of that length, beats the draft's. The record is kept at every step, also when
+    the draft runs: the guess is compared with the tokens the target committed (for sampling, the chance that a
+    committed token equals the guess is the chance the guess would have been accepted), so knowing what lookup
+    would do costs nothing. Copy-heavy stretches of a request then go to lookup, the rest to the draft.
     """
 
     prior_steps = 2.0
+    lookup_prior_weight = 2.0         # proposals a prior is worth against this request's own record
+    lookup_decay = 0.8                # per guess of the same match length: the record remembers ~5 guesses
 
-    def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig):
+    def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig,
+                 lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[int, int, int]] | None = None):
         self.method, self.k, self.cost, self.cfg = method, k, cost, cfg
         self.prior_alpha = alpha
-        self.drafted = 0
-        self.accepted = 0
-        self.steps = 0
+        self.drafted = self.accepted = self.steps = 0
+        self.lookup_alpha = lookup_alpha                  # prior α of a lookup guess
+        self.lookup_prior = lookup_prior or {}            # match length -> (proposals, proposed, accepted) so far
+        self.by_n: dict[int, list[float]] = {}            # this request, decayed: match length -> [guesses, proposed, accepted]
+        self.lookup_evaluated = 0                         # steps at which lookup was offered or shadowed
+        self.lookup_matched = 0                           # tokens its guesses would have had accepted
+        self.lookup_proposed = 0
+        self.lookup_steps = 0                             # steps that verified a lookup guess
 
     @property
     def alpha(self) -> float:
@@ -141,14 +163,55 @@ class KController:
         w = self.prior_steps
         return (self.prior_alpha * w + own * self.steps) / (w + self.steps)
 
-    def next_k(self) -> int:
-        return self.k
+    @staticmethod
+    def bucket(n: int) -> int:
+        return min(n, 4)
 
-    def observe(self, num_draft: int, num_accepted: int) -> None:
+    def lookup_estimate(self, n: int, length: int) -> tuple[int, float]:
+        """(tokens worth verifying, expected speedup of that step) for a lookup guess of `length` tokens from
+        a match of length n."""
+        b = self.bucket(n)
+        own = self.by_n.get(b, [0, 0, 0])
+        prior = self.lookup_prior.get(b)
+        w = self.lookup_prior_weight
+        if prior and prior[0]:
+            scale = min(1.0, w / prior[0])
+            pp, pd, pa = (x * scale for x in prior)
+        else:
+            pd = w * length
+            pp, pa = w, w * (expected_tokens(self.lookup_alpha, length) - 1)
+        props, proposed, accepted = own[0] + pp, own[1] + pd, own[2] + pa
+        alpha = effective_alpha(1 + accepted / props, max(1, round(proposed / props)))
+        return best_k("ngram", alpha, self.cost, length)
+
+    def plan(self, n: int, lookup_len: int) -> tuple[str, int]:
+        """("lookup", tokens of the guess to verify) or ("draft", k); ("draft", 0) is a plain step."""
+        s_draft = expected_speedup("draft", self.alpha, self.k, self.cost) if self.k else 1.0
+        if lookup_len:
+            k, s = self.lookup_estimate(n, lookup_len)
+            if k and s > s_draft:
+                return "lookup", k
+        return "draft", self.k
+
+    def observe(self, source: str, num_draft: int, num_accepted: int, n: int = 0, lookup_len: int = 0,
+                lookup_matched: int = 0) -> None:
+        """After verification: what was verified (source, sizes) and how the lookup guess fared (matched =
+        accepted when it was verified; its agreement with the committed tokens when it was not)."""
+        self.lookup_evaluated += 1
+        if lookup_len:
+            rec = self.by_n.setdefault(self.bucket(n), [0.0, 0.0, 0.0])
+            # recent guesses count more: a request copies in stretches (an edited function, then new code)
+            rec[:] = [self.lookup_decay * rec[0] + 1, self.lookup_decay * rec[1] + lookup_len,
+                      self.lookup_decay * rec[2] + lookup_matched]
+            self.lookup_proposed += lookup_len
+            self.lookup_matched += lookup_matched
+        if source == "lookup":
+            self.lookup_steps += 1
+            return
         if num_draft == 0:
             return
         self.drafted += num_draft
         self.accepted += num_accepted
         self.steps += 1
-        k, s = best_k(self.method, self.alpha, self.cost, self.cfg.k_max)
+        k, s = best_k("draft", self.alpha, self.cost, self.cfg.k_max)
         self.k = k if s >= self.cfg.min_speedup else 0

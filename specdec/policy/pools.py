@@ -2,7 +2,8 @@
 
 A pool is the served model plus a request tag (e.g. `"spec_pool": "code"`). Each pool keeps a window of its
 recent speculative requests: drafted/accepted tokens, verification steps and k, per method and temperature
-bucket, plus the measured net speedup (the cost model's time for plain decoding of the same tokens / the
+bucket (a request run by a step controller gives one observation for its draft steps and one for prompt
+lookup's guesses, verified or shadowed), plus the measured net speedup (the cost model's time for plain decoding of the same tokens / the
 actual decode time). When the window's acceptance falls below `min_acceptance` the pool falls back to plain
 decoding (one WARNING), keeps sending a `probe_fraction` of requests through speculation, and re-enables when
 the newest probes' acceptance is back above the threshold.
@@ -16,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .cost_model import CostModel
-from .decide import (Decision, KController, PolicyConfig, RequestFeatures, choose, effective_alpha, prior_alpha,
+from .decide import (Decision, PolicyConfig, RequestFeatures, StepController, choose, effective_alpha, prior_alpha,
                      temperature_bucket)
 
 log = logging.getLogger("specdec.policy")
@@ -43,42 +44,49 @@ class Observation:
     forwards: int             # all decode-phase target forwards (steps without a draft included)
     tokens: int               # decode-phase tokens (after the first)
     net_speedup: float | None
+    by_n: dict = field(default_factory=dict)   # lookup: match length -> (proposals, proposed, accepted)
 
 
 @dataclass
 class Pool:
     name: str
-    window: collections.deque = field(default_factory=collections.deque)
+    window: collections.deque = field(default_factory=collections.deque)   # per request: its observations
     enabled: bool = True
     warned: bool = False
-    probes: list = field(default_factory=list)      # observations since the pool was disabled
+    probes: list = field(default_factory=list)      # per request since the pool was disabled: its observations
     requests: int = 0
     fallbacks: int = 0
+
+    def observations(self, requests=None) -> list[Observation]:
+        """The observations of the window's requests (or of the given requests), flattened."""
+        return [o for found in (self.window if requests is None else requests) for o in found]
 
     @staticmethod
     def _alpha(obs: list[Observation]) -> float | None:
         """Effective α of one method's observations: reproduces their tokens per target forward."""
         forwards = sum(o.forwards for o in obs)
         steps = sum(o.steps for o in obs)
-        if not forwards or not steps:
+        if not forwards:
             return None
+        if not steps:
+            return 0.0                    # it never had anything to propose
         k = max(1, round(sum(o.k * o.steps for o in obs) / steps))
         return effective_alpha(sum(o.tokens for o in obs) / forwards, k)
 
     def acceptance(self, obs: list[Observation] | None = None) -> float | None:
         """The pool's acceptance: the best method's effective α over the observations (the pool is useful
         while any method is)."""
-        obs = list(self.window) if obs is None else obs
+        obs = self.observations() if obs is None else obs
         alphas = [self._alpha([o for o in obs if o.method == m]) for m in dict.fromkeys(o.method for o in obs)]
         alphas = [a for a in alphas if a is not None]
         return max(alphas) if alphas else None
 
     def alpha(self, method: str, bucket: str) -> float | None:
-        obs = [o for o in self.window if o.method == method and o.bucket == bucket]
+        obs = [o for o in self.observations() if o.method == method and o.bucket == bucket]
         return self._alpha(obs) if obs else None
 
     def count(self, method: str, bucket: str | None = None) -> int:
-        return sum(1 for o in self.window if o.method == method and (bucket is None or o.bucket == bucket))
+        return sum(1 for o in self.observations() if o.method == method and (bucket is None or o.bucket == bucket))
 
     def borrowed_alpha(self, method: str, bucket: str) -> float | None:
         """No observation in this temperature bucket: the nearest other bucket's α, lowered when this bucket is
@@ -91,17 +99,29 @@ class Pool:
                 return a * (0.85 ** max(0, here - order.index(other)))
         return None
 
+    def lookup_prior(self, bucket: str) -> dict[int, tuple[int, int, int]]:
+        """The window's prompt-lookup record per match length (this temperature bucket), the prior for the next
+        request's step controller."""
+        total: dict[int, list[int]] = {}
+        for o in self.observations():
+            if o.method == "ngram" and o.bucket == bucket:
+                for n, rec in o.by_n.items():
+                    t = total.setdefault(n, [0, 0, 0])
+                    for i in range(3):
+                        t[i] += rec[i]
+        return {n: tuple(t) for n, t in total.items()}
+
     def net_speedup(self) -> float | None:
-        xs = [o.net_speedup for o in self.window if o.net_speedup]
+        xs = [o.net_speedup for o in self.observations() if o.net_speedup]
         return sum(xs) / len(xs) if xs else None
 
     def status(self) -> dict:
-        acc = self.acceptance()
+        acc, obs = self.acceptance(), self.observations()
         return {"pool": self.name, "enabled": self.enabled, "window_requests": len(self.window),
                 "acceptance": acc, "net_speedup": self.net_speedup(), "requests": self.requests,
                 "fallbacks": self.fallbacks,
-                "raw_acceptance": (sum(o.accepted for o in self.window) / sum(o.drafted for o in self.window))
-                if any(o.drafted for o in self.window) else None}
+                "raw_acceptance": (sum(o.accepted for o in obs) / sum(o.drafted for o in obs))
+                if any(o.drafted for o in obs) else None}
 
 
 class SpeculationPolicy:
@@ -146,9 +166,10 @@ class SpeculationPolicy:
             with self._lock:
                 self._judge(pool, force=True)
         if pool.enabled:
-            # each method gets a few requests per pool before the estimates are trusted (other temperature
-            # buckets' observations count: they inform this bucket through borrowed_alpha)
-            unexplored = [m for m in self.available if pool.count(m) < self.cfg.explore_requests]
+            # the draft gets a few requests per pool before its estimate is trusted (other temperature buckets'
+            # observations count: they inform this bucket through borrowed_alpha); lookup needs no exploring, it
+            # is scored at every step of every speculative request
+            unexplored = [m for m in self.available if m != "ngram" and pool.count(m) < self.cfg.explore_requests]
             if unexplored and d.method not in unexplored:
                 m = unexplored[0]
                 e = choose(features, {m: None}, self.cost, self.cfg, (m,))
@@ -167,34 +188,62 @@ class SpeculationPolicy:
         return Decision("none", 0, 1.0, f"pool '{pool_name}' disabled: windowed acceptance "
                                         f"{acc if acc is not None else 0:.2f} < {self.cfg.min_acceptance}", acc)
 
-    def controller(self, decision: Decision) -> KController | None:
+    def controller(self, decision: Decision, pool_name: str = "default",
+                   temperature: float = 0.0) -> StepController | None:
+        """The step controller of a speculative request: the draft (when chosen) with the decision's k, prompt
+        lookup with the pool's record for this temperature as its prior."""
         if decision.method == "none":
             return None
-        return KController(decision.method, decision.k, decision.alpha or 0.5, self.cost, self.cfg)
+        bucket = temperature_bucket(temperature)
+        pool = self.pool(pool_name)
+        lookup_alpha = pool.alpha("ngram", bucket) or pool.borrowed_alpha("ngram", bucket)
+        return StepController(decision.method, decision.k if decision.method == "draft" else 0,
+                              decision.alpha or 0.5, self.cost, self.cfg,
+                              lookup_alpha if lookup_alpha is not None else prior_alpha("ngram", temperature, self.cfg),
+                              pool.lookup_prior(bucket))
 
-    def record(self, pool_name: str, decision: Decision, temperature: float, stats) -> None:
-        """Feed a finished request's stats (a RequestStats) into its pool and re-judge the pool."""
-        if decision.method == "none" or not stats.draft_steps:
+    def record(self, pool_name: str, decision: Decision, temperature: float, stats,
+               controller: StepController | None = None) -> None:
+        """Feed a finished request into its pool and re-judge the pool: its stats (a RequestStats) and, when it
+        ran under a step controller, the draft's and prompt lookup's records kept apart."""
+        if decision.method == "none":
             return
         net = None
         decode_s = stats.e2e_s - stats.ttft_s
         if self.cost.target_step_s and decode_s > 0 and stats.completion_tokens > 1:
             net = (stats.completion_tokens - 1) * self.cost.target_step_s / decode_s
-        k = max(1, round(stats.draft_tokens / stats.draft_steps))
-        obs = Observation(decision.method, temperature_bucket(temperature), k, stats.draft_tokens,
-                          stats.accepted_tokens, stats.draft_steps, max(1, stats.target_forwards),
-                          max(0, stats.completion_tokens - 1), net)
+        bucket = temperature_bucket(temperature)
+        found = []
+        if controller is None:
+            if stats.draft_steps:
+                k = max(1, round(stats.draft_tokens / stats.draft_steps))
+                found.append(Observation(decision.method, bucket, k, stats.draft_tokens, stats.accepted_tokens,
+                                         stats.draft_steps, max(1, stats.target_forwards),
+                                         max(0, stats.completion_tokens - 1), net))
+        else:
+            c = controller
+            if c.steps:
+                found.append(Observation("draft", bucket, max(1, round(c.drafted / c.steps)), c.drafted, c.accepted,
+                                         c.steps, c.steps, c.steps + c.accepted, net))
+            if c.lookup_evaluated and "ngram" in self.available:
+                guesses = sum(r[0] for r in c.by_n.values())
+                found.append(Observation("ngram", bucket, max(1, round(c.lookup_proposed / max(1, guesses))),
+                                         c.lookup_proposed, c.lookup_matched, guesses, c.lookup_evaluated,
+                                         c.lookup_evaluated + c.lookup_matched, net if not c.steps else None,
+                                         {n: tuple(r) for n, r in c.by_n.items()}))
+        if not found:
+            return
         pool = self.pool(pool_name)
         with self._lock:
-            pool.window.append(obs)
+            pool.window.append(found)
             if not pool.enabled:
-                pool.probes.append(obs)
+                pool.probes.append(found)
             self._judge(pool)
 
     def _judge(self, pool: Pool, force: bool = False) -> None:
         cfg = self.cfg
         if pool.enabled:
-            if not force and sum(o.drafted for o in pool.window) < cfg.min_window_tokens:
+            if not force and sum(o.drafted for o in pool.observations()) < cfg.min_window_tokens:
                 return
             if any(pool.count(m) < cfg.explore_requests for m in self.available):
                 return        # one method's poor first try says nothing about the other's: judge after both
@@ -209,8 +258,8 @@ class SpeculationPolicy:
                                 cfg.min_acceptance, len(pool.window), 100 * cfg.probe_fraction)
                     pool.warned = True
                 self._on_pool_change(pool.name, False)
-        elif sum(o.drafted for o in pool.probes) >= cfg.min_window_tokens:
-            acc = pool.acceptance(pool.probes)
+        elif sum(o.drafted for o in pool.observations(pool.probes)) >= cfg.min_window_tokens:
+            acc = pool.acceptance(pool.observations(pool.probes))
             if acc is not None and acc >= cfg.min_acceptance + 0.05:
                 pool.enabled = True
                 pool.window.clear()                 # the stale window would veto speculation again

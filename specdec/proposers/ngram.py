@@ -14,6 +14,12 @@ def find_ngram_continuation(token_ids: list[int] | np.ndarray, k: int, max_n: in
     >>> find_ngram_continuation([1, 2, 3, 9, 1, 2], k=2, max_n=3, min_n=1)
     [3, 9]
     """
+    return find_ngram_match(token_ids, k, max_n, min_n)[1]
+
+
+def find_ngram_match(token_ids: list[int] | np.ndarray, k: int, max_n: int, min_n: int) -> tuple[int, list[int]]:
+    """`find_ngram_continuation` plus the length n of the matched tail (0: no match); a longer match is a
+    more reliable guess."""
     ids = np.asarray(token_ids, dtype=np.int64)
     length = len(ids)
     for n in range(min(max_n, length - 1), min_n - 1, -1):
@@ -25,8 +31,8 @@ def find_ngram_continuation(token_ids: list[int] | np.ndarray, k: int, max_n: in
         hits = hits[hits != length - n]
         if hits.size:
             start = int(hits[-1]) + n
-            return ids[start: start + k].tolist()
-    return []
+            return n, ids[start: start + k].tolist()
+    return 0, []
 
 
 class NgramProposer(Proposer):
@@ -37,6 +43,9 @@ class NgramProposer(Proposer):
             raise ValueError(f"need 1 <= prompt_lookup_min ({prompt_lookup_min}) <= prompt_lookup_max ({prompt_lookup_max})")
         self.max_n, self.min_n = prompt_lookup_max, prompt_lookup_min
 
+    def match(self, token_ids: list[int], k: int) -> tuple[int, list[int]]:
+        """(matched n-gram length, up to k continuation tokens); (0, []) when nothing matches."""
+        return find_ngram_match(token_ids, k, self.max_n, self.min_n) if k > 0 else (0, [])
+
     def propose(self, ctx: ProposalContext, k: int) -> Draft:
-        tokens = find_ngram_continuation(ctx.token_ids, k, self.max_n, self.min_n) if k > 0 else []
-        return Draft(torch.tensor(tokens, dtype=torch.long), None)
+        return Draft(torch.tensor(self.match(ctx.token_ids, k)[1], dtype=torch.long), None)

@@ -215,5 +215,6 @@ class AsyncEngine:
             gen.close()                      # run its `finally` now: caches released with the request
             self._running.remove(entry)
             if handle.decision is not None:
-                self.llm.policy().record(handle.pool, handle.decision, handle.params.temperature, delta.stats)
+                self.llm.policy().record(handle.pool, handle.decision, handle.params.temperature, delta.stats,
+                                         seq.controller)
             self.metrics.observe_finished(delta.stats, handle.arrival, handle.arm)
