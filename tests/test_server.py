@@ -427,6 +427,7 @@ def test_auto_policy_rollout_pools_and_status(llm):
                 assert spec["method"] == "none"
             else:
                 assert spec["policy_reason"] and spec["method"] in ("none", "ngram", "draft")
+                assert 0 <= spec["lookup_steps"] <= spec["draft_steps"] <= spec["target_forwards"]
         assert 0 < list(arms.values()).count("plain") < 16
         status = httpx.get(url + "/v1/speculative/status").json()
         assert status["default"]["method"] == "auto" and status["traffic_fraction"] == 0.5

@@ -90,6 +90,11 @@ def _label(r: dict) -> str:
     return f"{r['method']} k={r['k']}" if r["k"] else r["method"]
 
 
+def _k(r: dict) -> str:
+    """k as a table cell; `auto` picks k (and lookup or draft) per step."""
+    return "per step" if r["method"] == "auto" else str(r["k"])
+
+
 def _f(x, fmt="{:.2f}", none="-"):
     return none if x is None else fmt.format(x)
 
@@ -126,7 +131,7 @@ def render_report(result: dict, plots: list[str]) -> str:
               "| category | temperature | decision | method | k | expected speedup | why |", "|---|---|---|---|---|---|---|"]
     for d in recommend(summary):
         lines.append(f"| {d['category']} | {d['temperature']:g} | {'**enable**' if d['enable'] else 'off'} | "
-                     f"{d['method']} | {d['k']} | {d['expected_speedup']:.2f}x | {d['why']} |")
+                     f"{d['method']} | {_k(d)} | {d['expected_speedup']:.2f}x | {d['why']} |")
     lines.append("")
 
     cats = _categories(summary)
@@ -177,13 +182,13 @@ def render_report(result: dict, plots: list[str]) -> str:
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary:
         if r.get("decode_tok_s") is None:
-            lines.append(f"| {r['temperature']:g} | {r['category']} | {r['method']} | {r['k']} | {r['n']} | {r['errors']} |"
+            lines.append(f"| {r['temperature']:g} | {r['category']} | {r['method']} | {_k(r)} | {r['n']} | {r['errors']} |"
                          + " - |" * 12)
             continue
         ms = lambda x: _f(x * 1000 if x is not None else None, "{:.0f}")  # noqa: E731
         pos = " ".join(f"{a:.2f}" for a in r["accepted_per_position"]) or "-"
         lines.append(
-            f"| {r['temperature']:g} | {r['category']} | {r['method']} | {r['k']} | {r['n']} | {r['errors']} | "
+            f"| {r['temperature']:g} | {r['category']} | {r['method']} | {_k(r)} | {r['n']} | {r['errors']} | "
             f"{_f(r['completion_tokens'], '{:.0f}')} | {ms(r['ttft_s'])} | "
             f"{ms(r['tpot_s'])}/{ms(r['tpot_p95_s'])}/{ms(r['tpot_p99_s'])} | "
             f"{_f(r['e2e_s'])}/{_f(r['e2e_p95_s'])}/{_f(r['e2e_p99_s'])} | {_f(r['decode_tok_s'])} | "

@@ -143,8 +143,10 @@ class StepController:
     lookup_decay = 0.8                # per guess of the same match length: the record remembers ~5 guesses
 
     def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig,
-                 lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[int, int, int]] | None = None):
+                 lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[int, int, int]] | None = None,
+                 use_lookup: bool = True):
         self.method, self.k, self.cost, self.cfg = method, k, cost, cfg
+        self.use_lookup = use_lookup                      # False: guesses are only scored, never verified
         self.prior_alpha = alpha
         self.drafted = self.accepted = self.steps = 0
         self.lookup_alpha = lookup_alpha                  # prior α of a lookup guess
@@ -187,7 +189,7 @@ class StepController:
     def plan(self, n: int, lookup_len: int) -> tuple[str, int]:
         """("lookup", tokens of the guess to verify) or ("draft", k); ("draft", 0) is a plain step."""
         s_draft = expected_speedup("draft", self.alpha, self.k, self.cost) if self.k else 1.0
-        if lookup_len:
+        if lookup_len and self.use_lookup:
             k, s = self.lookup_estimate(n, lookup_len)
             if k and s > s_draft:
                 return "lookup", k

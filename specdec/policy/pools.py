@@ -200,7 +200,7 @@ class SpeculationPolicy:
         return StepController(decision.method, decision.k if decision.method == "draft" else 0,
                               decision.alpha or 0.5, self.cost, self.cfg,
                               lookup_alpha if lookup_alpha is not None else prior_alpha("ngram", temperature, self.cfg),
-                              pool.lookup_prior(bucket))
+                              pool.lookup_prior(bucket), use_lookup="ngram" in self.available)
 
     def record(self, pool_name: str, decision: Decision, temperature: float, stats,
                controller: StepController | None = None) -> None:
