@@ -171,7 +171,8 @@ class Engine:
                 stats.lookup_steps += 1
                 matched = num_accepted
             else:   # how the guess would have fared: its agreement with what the target committed
-                matched = next((i for i, (g, e) in enumerate(zip(guess, emitted)) if g != e), min(len(guess), len(emitted)))
+                matched = next((i for i, (g, e) in enumerate(zip(guess, emitted)) if g != e),
+                               min(len(guess), len(emitted)))
             ctl.observe(source, len(draft), num_accepted, n, len(guess), matched)
         committed = seq.append(emitted)
         self.proposer.observe(VerifyResult(seq.seq_id, len(draft), num_accepted, len(seq.token_ids)))

@@ -143,15 +143,16 @@ class StepController:
     lookup_decay = 0.8                # per guess of the same match length: the record remembers ~5 guesses
 
     def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig,
-                 lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[int, int, int]] | None = None,
+                 lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[float, float, float]] | None = None,
                  use_lookup: bool = True):
         self.method, self.k, self.cost, self.cfg = method, k, cost, cfg
         self.use_lookup = use_lookup                      # False: guesses are only scored, never verified
         self.prior_alpha = alpha
         self.drafted = self.accepted = self.steps = 0
         self.lookup_alpha = lookup_alpha                  # prior α of a lookup guess
-        self.lookup_prior = lookup_prior or {}            # match length -> (proposals, proposed, accepted) so far
-        self.by_n: dict[int, list[float]] = {}            # this request, decayed: match length -> [guesses, proposed, accepted]
+        self.lookup_prior = lookup_prior or {}            # the pool's record, same shape as by_n
+        # this request's record, decayed: match length -> [guesses, tokens proposed, tokens accepted]
+        self.by_n: dict[int, list[float]] = {}
         self.lookup_evaluated = 0                         # steps at which lookup was offered or shadowed
         self.lookup_matched = 0                           # tokens its guesses would have had accepted
         self.lookup_proposed = 0

@@ -3,10 +3,10 @@
 A pool is the served model plus a request tag (e.g. `"spec_pool": "code"`). Each pool keeps a window of its
 recent speculative requests: drafted/accepted tokens, verification steps and k, per method and temperature
 bucket (a request run by a step controller gives one observation for its draft steps and one for prompt
-lookup's guesses, verified or shadowed), plus the measured net speedup (the cost model's time for plain decoding of the same tokens / the
-actual decode time). When the window's acceptance falls below `min_acceptance` the pool falls back to plain
-decoding (one WARNING), keeps sending a `probe_fraction` of requests through speculation, and re-enables when
-the newest probes' acceptance is back above the threshold.
+lookup's guesses, verified or shadowed), plus the measured net speedup (the cost model's time for plain
+decoding of the same tokens / the actual decode time). When the window's acceptance falls below
+`min_acceptance` the pool falls back to plain decoding (one WARNING), keeps sending a `probe_fraction` of
+requests through speculation, and re-enables when the newest probes' acceptance is back above the threshold.
 """
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ class Pool:
                 return a * (0.85 ** max(0, here - order.index(other)))
         return None
 
-    def lookup_prior(self, bucket: str) -> dict[int, tuple[int, int, int]]:
+    def lookup_prior(self, bucket: str) -> dict[int, tuple[float, float, float]]:
         """The window's prompt-lookup record per match length (this temperature bucket), the prior for the next
         request's step controller."""
         total: dict[int, list[int]] = {}

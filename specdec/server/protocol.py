@@ -130,5 +130,5 @@ def speculative_stats(stats: Any) -> dict:
     """The per-request extension field: what speculation did for this request."""
     return {k: getattr(stats, k) for k in
             ("method", "num_speculative_tokens", "draft_steps", "lookup_steps", "draft_tokens", "accepted_tokens",
-             "acceptance_rate", "mean_accepted_length", "accepted_per_position", "target_forwards", "draft_time_s", "verify_time_s",
-             "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "policy_reason")}
+             "acceptance_rate", "mean_accepted_length", "accepted_per_position", "target_forwards", "draft_time_s",
+             "verify_time_s", "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "policy_reason")}
