@@ -142,6 +142,8 @@ def test_draft_is_explored_and_lookup_is_scored_for_free():
     pol.record("edit", first, 0.0, _Stats(drafted=40, accepted=20, steps=12), ctl)
     pool = pol.pools["edit"]
     assert pool.count("ngram") == 1 and pool.count("draft") == 1
+    lookup = next(o for o in pool.observations() if o.method == "ngram")
+    assert (lookup.steps, lookup.forwards, lookup.k) == (12, 12, 8)    # every guess counted once, whole
     assert pool.alpha("ngram", "greedy") > 0.7 > 0.3 > pool.alpha("draft", "greedy")
     second = pol.decide("b", "edit", f)
     assert second.method == "ngram" and "observed" in second.reason and "exploring" not in second.reason

@@ -156,6 +156,7 @@ class StepController:
         self.lookup_evaluated = 0                         # steps at which lookup was offered or shadowed
         self.lookup_matched = 0                           # tokens its guesses would have had accepted
         self.lookup_proposed = 0
+        self.lookup_guesses = 0                           # steps that had a guess (undecayed, for the pool)
         self.lookup_steps = 0                             # steps that verified a lookup guess
 
     @property
@@ -207,6 +208,7 @@ class StepController:
             rec[:] = [self.lookup_decay * rec[0] + 1, self.lookup_decay * rec[1] + lookup_len,
                       self.lookup_decay * rec[2] + lookup_matched]
             self.lookup_proposed += lookup_len
+            self.lookup_guesses += 1
             self.lookup_matched += lookup_matched
         if source == "lookup":
             self.lookup_steps += 1

@@ -226,9 +226,8 @@ class SpeculationPolicy:
                 found.append(Observation("draft", bucket, max(1, round(c.drafted / c.steps)), c.drafted, c.accepted,
                                          c.steps, c.steps, c.steps + c.accepted, net))
             if c.lookup_evaluated and "ngram" in self.available:
-                guesses = sum(r[0] for r in c.by_n.values())
-                found.append(Observation("ngram", bucket, max(1, round(c.lookup_proposed / max(1, guesses))),
-                                         c.lookup_proposed, c.lookup_matched, guesses, c.lookup_evaluated,
+                found.append(Observation("ngram", bucket, max(1, round(c.lookup_proposed / max(1, c.lookup_guesses))),
+                                         c.lookup_proposed, c.lookup_matched, c.lookup_guesses, c.lookup_evaluated,
                                          c.lookup_evaluated + c.lookup_matched, net if not c.steps else None,
                                          {n: tuple(r) for n, r in c.by_n.items()}))
         if not found:
