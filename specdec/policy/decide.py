@@ -145,7 +145,8 @@ class StepController:
     def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig,
                  lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[float, float, float]] | None = None,
                  use_lookup: bool = True):
-        self.method, self.k, self.cost, self.cfg = method, k, cost, cfg
+        self.k = k if method == "draft" else 0            # method "ngram": lookup alone, no draft steps
+        self.cost, self.cfg = cost, cfg
         self.use_lookup = use_lookup                      # False: guesses are only scored, never verified
         self.prior_alpha = alpha
         self.drafted = self.accepted = self.steps = 0

@@ -88,6 +88,11 @@ class Pool:
     def count(self, method: str, bucket: str | None = None) -> int:
         return sum(1 for o in self.observations() if o.method == method and (bucket is None or o.bucket == bucket))
 
+    def estimate(self, method: str, bucket: str) -> float | None:
+        """This bucket's α, else one borrowed from the nearest bucket; None before any observation."""
+        a = self.alpha(method, bucket)
+        return a if a is not None else self.borrowed_alpha(method, bucket)
+
     def borrowed_alpha(self, method: str, bucket: str) -> float | None:
         """No observation in this temperature bucket: the nearest other bucket's α, lowered when this bucket is
         hotter (sampled draws agree less often)."""
@@ -154,10 +159,7 @@ class SpeculationPolicy:
         pool = self.pool(pool_name)
         pool.requests += 1
         bucket = temperature_bucket(features.temperature)
-        alphas = {m: pool.alpha(m, bucket) for m in self.available}
-        for m in self.available:
-            if alphas[m] is None:
-                alphas[m] = pool.borrowed_alpha(m, bucket)
+        alphas = {m: pool.estimate(m, bucket) for m in self.available}
         d = choose(features, alphas, self.cost, self.cfg, self.available)
         if d.gated:
             return d
@@ -196,9 +198,8 @@ class SpeculationPolicy:
             return None
         bucket = temperature_bucket(temperature)
         pool = self.pool(pool_name)
-        lookup_alpha = pool.alpha("ngram", bucket) or pool.borrowed_alpha("ngram", bucket)
-        return StepController(decision.method, decision.k if decision.method == "draft" else 0,
-                              decision.alpha or 0.5, self.cost, self.cfg,
+        lookup_alpha = pool.estimate("ngram", bucket)
+        return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost, self.cfg,
                               lookup_alpha if lookup_alpha is not None else prior_alpha("ngram", temperature, self.cfg),
                               pool.lookup_prior(bucket), use_lookup="ngram" in self.available)
 
