@@ -1,29 +1,34 @@
-"""The Python API: `LLM(target=..., draft=..., speculative=SpeculativeConfig(...)).generate(...)`."""
+"""The Python API: `LLM(target=..., draft=..., speculative=SpeculativeConfig(...)).generate(...)`.
+
+A facade over one `LLMEngine`: it loads the models, owns the speculation policy's cost model (measured once per
+machine and cached), and drives the engine's `step()` for the prompts it is given. Several prompts in one
+`generate` call are decoded together (continuous batching); method and k are per request.
+"""
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 
 import torch
 
 from .config import DEFAULT_K, SpeculativeConfig
-from .engine import Engine, RequestOutput, StreamDelta
+from .engine import LLMEngine, RequestOutput, SchedulerConfig, StreamDelta
+from .errors import SpecDecError
 from .models.loader import LoadedModel, load_model
 from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from .engine.sequence import Sequence
-from .policy import CostModel, Decision, PolicyConfig, RequestFeatures
+from .policy import CostModel, PolicyConfig
 from .policy.measure import measure_cost_model
 from .policy.pools import SpeculationPolicy
-from .proposers import DraftModelProposer, NgramProposer, check_compatible
+from .proposers import check_compatible
 from .proposers.ngram import find_ngram_continuation
-from .proposers.base import NoProposer, Proposer
 from .sampling_params import SamplingParams
 
 Prompt = str | list[dict]   # raw text or chat messages
 
 
 class LLM:
-    """Loads the target (and draft) once; each `generate` runs requests through the engine.
+    """Loads the target (and draft) once; `generate` and `stream` run requests through the engine.
 
     >>> llm = LLM(speculative=SpeculativeConfig(method="ngram"))           # doctest: +SKIP
     >>> llm.generate("Write a haiku about caches", SamplingParams(max_tokens=32))[0].text  # doctest: +SKIP
@@ -32,12 +37,11 @@ class LLM:
     def __init__(self, target: str = DEFAULT_TARGET, draft: str | None = None,
                  speculative: SpeculativeConfig | None = None, dtype: str = "bfloat16",
                  device: str | None = None, max_model_len: int | None = None, num_threads: int | None = None,
-                 progress: bool = True):
+                 progress: bool = True, scheduler: SchedulerConfig | None = None):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         self.speculative = speculative or SpeculativeConfig(method="draft" if draft else "none")
         self.target: LoadedModel = load_model(target, dtype=dtype, device=device, progress=progress)
         self.tokenizer = self.target.tokenizer
-        self.max_model_len = max_model_len
         self.draft: LoadedModel | None = None
         if self.speculative.method in ("draft", "auto") and draft != "none":
             draft = draft or self.speculative.model or DEFAULT_DRAFT
@@ -45,11 +49,17 @@ class LLM:
                                     quantize=self.speculative.quantization)
             check_compatible(self.tokenizer, self.draft.tokenizer, self.target.config.vocab_size,
                              self.draft.config.vocab_size)
+        self.scheduler_config = scheduler or SchedulerConfig()
         self._policy: SpeculationPolicy | None = None
-        self._auto_engines: dict[str, Engine] = {}
-        self.engine = self.make_engine(self.speculative)
+        self.engine = LLMEngine(self.target.model, self.tokenizer, self.draft.model if self.draft else None,
+                                self.scheduler_config, max_model_len, policy_factory=self.policy)
+        self._ids = itertools.count()
 
-    # -- method "auto": the policy picks none / ngram / draft and k per request ------------------------------
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    # -- method "auto": the policy picks none / ngram / draft and k per request and per step ----------------
     def policy(self, cfg: PolicyConfig | None = None, cost: CostModel | None = None) -> SpeculationPolicy:
         """The speculation policy (created on first use; its cost model is measured once per machine and cached)."""
         if self._policy is None:
@@ -67,8 +77,10 @@ class LLM:
         from .utils import write_json_atomic
 
         p = self.target.model.embed_tokens.weight
+        max_rows = self.scheduler_config.max_num_seqs * (k_max + 1)
         key = "|".join(map(str, (self.target.source, self.draft.source if self.draft else None, p.dtype, p.device,
-                                 torch.get_num_threads(), k_max, torch.__version__, self.speculative.quantization)))
+                                 torch.get_num_threads(), k_max, max_rows, torch.__version__,
+                                 self.speculative.quantization)))
         path = cache_dir() / "cost_models" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if path.is_file():
             try:
@@ -77,55 +89,12 @@ class LLM:
                 pass                                 # unreadable: measure again
         cost = measure_cost_model(self.target.model, self.draft.model if self.draft else None,
                                   lambda ids: find_ngram_continuation(ids, k_max, self.speculative.prompt_lookup_max,
-                                                                      self.speculative.prompt_lookup_min), k_max)
+                                                                      self.speculative.prompt_lookup_min), k_max,
+                                  max_rows=max_rows)
         write_json_atomic(path, {**cost.to_dict(), "key": key})
         return cost
 
-    def auto_sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str, pool: str = "default",
-                      load: int = 0) -> tuple[Engine, Sequence, Decision]:
-        """Decide for one request; returns the engine to run it on and its sequence (k controller attached)."""
-        policy = self.policy()
-        d = policy.decide(request_id, pool, RequestFeatures(params.temperature, params.top_p, params.max_tokens, load))
-        key = "none" if d.method == "none" else "spec"
-        if key not in self._auto_engines:
-            if key == "none":
-                engine = self.make_engine(SpeculativeConfig("none"))
-            else:   # the draft (when loaded) and prompt lookup side by side; the step controller picks per step
-                proposer = (DraftModelProposer(self.draft.model, self.tokenizer.vocab_size) if self.draft is not None
-                            else NoProposer())
-                engine = Engine(self.target.model, self.tokenizer, proposer, policy.cfg.k_max, self.max_model_len,
-                                lookup=NgramProposer(self.speculative.prompt_lookup_max,
-                                                     self.speculative.prompt_lookup_min))
-            self._auto_engines[key] = engine
-        engine = self._auto_engines[key]
-        seq = engine.new_sequence(prompt_ids, params)
-        seq.controller = policy.controller(d, pool, params.temperature)
-        seq.stats.method, seq.stats.num_speculative_tokens, seq.stats.policy_reason = d.method, d.k, d.reason
-        return engine, seq, d
-
-    def generate_auto(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                      pool: str = "default") -> RequestOutput:
-        engine, seq, d = self.auto_sequence(prompt_ids, params, request_id, pool)
-        for _ in engine.run(seq):
-            pass
-        self.policy().record(pool, d, params.temperature, seq.stats, seq.controller)
-        return RequestOutput(seq.prompt_ids, list(seq.output_ids), seq.text, seq.finish_reason, seq.stats)
-
-    def make_engine(self, spec: SpeculativeConfig) -> Engine:
-        """An engine over the loaded models for another speculative config (e.g. the `none` baseline)."""
-        proposer: Proposer
-        if spec.method == "auto":
-            return _AutoEngine(self)
-        if spec.method == "none":
-            proposer = NoProposer()
-        elif spec.method == "ngram":
-            proposer = NgramProposer(spec.prompt_lookup_max, spec.prompt_lookup_min)
-        else:
-            if self.draft is None:
-                raise ValueError("method 'draft' needs a draft model loaded")
-            proposer = DraftModelProposer(self.draft.model, self.tokenizer.vocab_size)
-        return Engine(self.target.model, self.tokenizer, proposer, spec.num_speculative_tokens, self.max_model_len)
-
+    # -- generation -------------------------------------------------------------------------------------------
     def encode(self, prompt: Prompt, chat: bool = True) -> list[int]:
         if isinstance(prompt, list):
             return self.tokenizer.encode_chat(prompt)
@@ -133,38 +102,54 @@ class LLM:
             return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
         return self.tokenizer.encode(prompt)
 
-    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None, chat: bool = True,
-                 engine: Engine | None = None) -> list[RequestOutput]:
+    def _spec(self, spec: SpeculativeConfig | str | None) -> SpeculativeConfig:
+        if spec is None:
+            return self.speculative
+        return SpeculativeConfig(method=spec) if isinstance(spec, str) else spec
+
+    def generate(self, prompts: Prompt | list[Prompt] | list[int], params: SamplingParams | None = None,
+                 chat: bool = True, spec: SpeculativeConfig | str | None = None, pool: str = "default",
+                 request_id: str | None = None) -> list[RequestOutput]:
+        """Run prompts (text, chat messages, or one list of token ids) to completion, batched together."""
         params = params or SamplingParams()
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)):
-            prompts = [prompts]
-        engine = engine or self.engine
-        return [engine.generate(self.encode(p, chat), params) for p in prompts]
+        if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
+            batch = [list(prompts)]
+        elif isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)):
+            batch = [self.encode(prompts, chat)]
+        else:
+            batch = [self.encode(p, chat) for p in prompts]
+        spec = self._spec(spec)
+        ids = [request_id if request_id and len(batch) == 1 else f"llm-{next(self._ids)}" for _ in batch]
+        seqs = [self.engine.add_request(rid, p, params, spec, pool) for rid, p in zip(ids, batch)]
+        try:
+            pending = set(ids)
+            while pending:
+                for out in self.engine.step():
+                    if out.error is not None and out.request_id in pending:
+                        raise out.error
+                    if out.delta is not None and out.delta.finished:
+                        pending.discard(out.request_id)
+        finally:
+            for rid in ids:
+                self.engine.abort(rid)               # no-op for finished requests; frees the rest on error
+        return [RequestOutput(s.prompt_ids, list(s.output_ids), s.text, s.finish_reason, s.stats) for s in seqs]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, chat: bool = True,
-               engine: Engine | None = None) -> Iterator[StreamDelta]:
-        return (engine or self.engine).stream(self.encode(prompt, chat), params or SamplingParams())
-
-
-class _AutoEngine:
-    """What `make_engine(SpeculativeConfig("auto"))` returns: the Engine interface, with the policy choosing the
-    real engine, method and k per request (pool "default")."""
-    method = "auto"
-
-    def __init__(self, llm: LLM):
-        self.llm = llm
-        self._n = 0
-        self.max_model_len = llm.make_engine(SpeculativeConfig("none")).max_model_len
-
-    def generate(self, prompt_ids: list[int], params: SamplingParams, pool: str = "default",
-                 request_id: str | None = None) -> RequestOutput:
-        self._n += 1
-        return self.llm.generate_auto(prompt_ids, params, request_id or f"auto-{self._n}", pool)
-
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[StreamDelta]:
-        self._n += 1
-        engine, seq, d = self.llm.auto_sequence(prompt_ids, params, f"auto-{self._n}")
-        for delta in engine.run(seq):
-            if delta.finished:
-                self.llm.policy().record("default", d, params.temperature, seq.stats, seq.controller)
-            yield delta
+               spec: SpeculativeConfig | str | None = None) -> Iterator[StreamDelta]:
+        """One request's deltas as the engine steps (other requests added meanwhile share the steps)."""
+        rid = f"llm-{next(self._ids)}"
+        self.engine.add_request(rid, self.encode(prompt, chat), params or SamplingParams(), self._spec(spec))
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id != rid:
+                        continue
+                    if out.error is not None:
+                        raise out.error
+                    yield out.delta
+                    if out.delta.finished:
+                        return
+                if not self.engine.has_unfinished():
+                    raise SpecDecError(f"request {rid} vanished from the engine")
+        finally:
+            self.engine.abort(rid)

@@ -3,18 +3,42 @@ seeded determinism, draft/target compatibility."""
 import pytest
 import torch
 
-from specdec.engine import Engine
+from specdec.config import SpeculativeConfig
+from specdec.engine import LLMEngine, RequestOutput, SchedulerConfig
 from specdec.errors import SpecDecError
 from specdec.models.loader import load_model
-from specdec.proposers import DraftModelProposer, NgramProposer, check_compatible
+from specdec.proposers import check_compatible
 from specdec.proposers.base import Draft, Proposer
 from specdec.sampling_params import SamplingParams
 
 PROMPT = "def add(a, b):\n    return a + b\n\nclass Cache:"
 
 
-def _engine(target, proposer=None, k=0):
-    return Engine(target.model, target.tokenizer, proposer, k)
+def _engine(target, draft=None, **sched):
+    return LLMEngine(target.model, target.tokenizer, None if draft is None else draft.model,
+                     SchedulerConfig(**sched) if sched else None)
+
+
+def _spec(method="none", k=None):
+    return SpeculativeConfig(method, k)
+
+
+def run(engine, ids, params, spec=None, request_id="r", on_step=None):
+    seq = engine.add_request(request_id, ids, params, spec)
+    while not seq.finished:
+        for out in engine.step():
+            if out.error is not None:
+                raise out.error
+        if on_step:
+            on_step(seq)
+    return RequestOutput(seq.prompt_ids, list(seq.output_ids), seq.text, seq.finish_reason, seq.stats)
+
+
+def stream(engine, ids, params, spec=None):
+    engine.add_request("s", ids, params, spec)
+    while engine.has_unfinished():
+        for out in engine.step():
+            yield out.delta
 
 
 def _ids(target, text=PROMPT):
@@ -28,9 +52,16 @@ class OracleProposer(Proposer):
     def __init__(self, prompt_len, continuation):
         self.prompt_len, self.continuation = prompt_len, continuation
 
-    def propose(self, ctx, k):
-        done = len(ctx.token_ids) - self.prompt_len
-        return Draft(torch.tensor(self.continuation[done: done + k], dtype=torch.long))
+    def propose(self, ctxs, ks):
+        return [Draft(torch.tensor(self.continuation[len(c.token_ids) - self.prompt_len:][:k], dtype=torch.long))
+                for c, k in zip(ctxs, ks)]
+
+
+def _oracle_engine(target, cont, k=5):
+    """An engine whose 'draft' proposer is the oracle (method draft)."""
+    engine = _engine(target)
+    engine.draft = OracleProposer(len(_ids(target)), cont)
+    return engine, _spec("draft", k)
 
 
 def _greedy(max_tokens=40, **kw):
@@ -41,25 +72,25 @@ def _greedy(max_tokens=40, **kw):
 def test_greedy_parity_every_proposer(tiny_models, k):
     target, draft = tiny_models
     ids = _ids(target)
-    base = _engine(target).generate(ids, _greedy())
+    base = run(_engine(target), ids, _greedy())
     assert len(base.token_ids) == 40
-    proposers = {
-        "ngram": NgramProposer(3, 1),
-        "draft": DraftModelProposer(draft.model, target.tokenizer.vocab_size),   # an unrelated random draft
-        "self": DraftModelProposer(target.model, target.tokenizer.vocab_size),   # draft == target: all accepted
+    engines = {
+        "ngram": (_engine(target), SpeculativeConfig("ngram", k, prompt_lookup_max=3)),
+        "draft": (_engine(target, draft), _spec("draft", k)),    # an unrelated random draft
+        "self": (_engine(target, target), _spec("draft", k)),    # draft == target: all accepted
     }
-    for name, proposer in proposers.items():
-        out = _engine(target, proposer, k).generate(ids, _greedy())
+    for name, (engine, spec) in engines.items():
+        out = run(engine, ids, _greedy(), spec)
         assert out.token_ids == base.token_ids, name
         assert out.text == base.text, name
     # the self-draft exercised the all-accepted path (bonus + consuming the last draft token)
-    out = _engine(target, DraftModelProposer(target.model, target.tokenizer.vocab_size), k).generate(ids, _greedy())
+    out = run(_engine(target, target), ids, _greedy(), _spec("draft", k))
     assert out.stats.acceptance_rate == 1.0
     assert out.stats.mean_accepted_length == pytest.approx(1 + k, abs=0.5)
 
 
 def _continuation(target, n=30):
-    return _engine(target).generate(_ids(target), _greedy(n)).token_ids
+    return run(_engine(target), _ids(target), _greedy(n)).token_ids
 
 
 def test_eos_inside_accepted_run_ends_output(tiny_models):
@@ -67,9 +98,9 @@ def test_eos_inside_accepted_run_ends_output(tiny_models):
     cont = _continuation(target)
     eos_pos = 6
     eos = cont[eos_pos]
-    engine = _engine(target, OracleProposer(len(_ids(target)), cont), 5)
+    engine, spec = _oracle_engine(target, cont)
     engine.eos_ids = frozenset({eos})
-    out = engine.generate(_ids(target), SamplingParams(max_tokens=30, temperature=0))
+    out = run(engine, _ids(target), SamplingParams(max_tokens=30, temperature=0), spec)
     first = cont.index(eos)
     assert out.token_ids == cont[: first + 1]
     assert out.finish_reason == "stop"
@@ -85,12 +116,12 @@ def test_stop_string_spanning_tokens_cuts_text(tiny_models):
     a, b = tok.decode(cont[:5]), tok.decode(cont[:6])
     stop = a[-2:] + b[len(a): len(a) + 2] if len(b) > len(a) + 1 else a[-3:]
     assert stop
-    engine = _engine(target, OracleProposer(len(_ids(target)), cont), 5)
-    out = engine.generate(_ids(target), _greedy(30, stop=[stop]))
+    engine, spec = _oracle_engine(target, cont)
+    out = run(engine, _ids(target), _greedy(30, stop=[stop]), spec)
     assert out.finish_reason == "stop"
     assert stop not in out.text
     assert out.text == full[: full.index(stop)]
-    streamed = "".join(d.text for d in engine.stream(_ids(target), _greedy(30, stop=[stop])))
+    streamed = "".join(d.text for d in stream(engine, _ids(target), _greedy(30, stop=[stop]), spec))
     assert streamed == out.text
 
 
@@ -98,8 +129,8 @@ def test_stop_string_spanning_tokens_cuts_text(tiny_models):
 def test_exact_max_tokens(tiny_models, max_tokens):
     target, _ = tiny_models
     cont = _continuation(target)
-    engine = _engine(target, OracleProposer(len(_ids(target)), cont), 5)
-    out = engine.generate(_ids(target), _greedy(max_tokens))
+    engine, spec = _oracle_engine(target, cont)
+    out = run(engine, _ids(target), _greedy(max_tokens), spec)
     assert len(out.token_ids) == max_tokens == out.stats.completion_tokens
     assert out.token_ids == cont[:max_tokens]
     assert out.finish_reason == "length"
@@ -109,24 +140,29 @@ def test_seeded_sampling_is_reproducible(tiny_models):
     target, draft = tiny_models
     ids = _ids(target)
     params = SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=123, ignore_eos=True)
-    runs = [_engine(target, DraftModelProposer(draft.model, target.tokenizer.vocab_size), 3).generate(ids, params)
-            for _ in range(2)]
+    runs = [run(_engine(target, draft), ids, params, _spec("draft", 3)) for _ in range(2)]
     assert runs[0].token_ids == runs[1].token_ids
-    other = _engine(target, DraftModelProposer(draft.model, target.tokenizer.vocab_size), 3).generate(
-        ids, SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=124, ignore_eos=True))
+    other = run(_engine(target, draft), ids,
+                SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=124, ignore_eos=True), _spec("draft", 3))
     assert other.token_ids != runs[0].token_ids
 
 
 def test_draft_cache_follows_committed_tokens(tiny_models):
     target, draft = tiny_models
-    proposer = DraftModelProposer(draft.model, target.tokenizer.vocab_size)
-    engine = _engine(target, proposer, 4)
-    seq = engine.new_sequence(_ids(target), _greedy(20))
-    for _ in engine.run(seq):
-        if seq.seq_id in proposer.caches and not seq.finished:
+    engine = _engine(target, draft)
+    lengths = []
+
+    def check(seq):
+        kv = engine.draft.kv.caches.get(seq.seq_id)
+        if kv is not None and not seq.finished:
             # the draft cache never holds a token that was not committed
-            assert proposer.caches[seq.seq_id].length <= len(seq.token_ids)
-    assert seq.seq_id not in proposer.caches   # released at the end
+            assert kv.length <= len(seq.token_ids)
+            lengths.append(kv.length)
+
+    run(engine, _ids(target), _greedy(20), _spec("draft", 4), on_step=check)
+    assert lengths
+    assert engine.draft.kv.num_seqs == 0 and engine.draft.kv.allocated == 0   # released at the end
+    assert engine.kv.num_seqs == 0 and engine.kv.allocated == 0
 
 
 def test_mismatched_draft_refused(tiny_dirs, tiny_models):
@@ -141,7 +177,7 @@ def test_mismatched_draft_refused(tiny_dirs, tiny_models):
 def test_prompt_longer_than_context_is_refused(tiny_models):
     target, _ = tiny_models
     with pytest.raises(SpecDecError, match="context window"):
-        _engine(target).generate(list(range(5, 5 + 300)), _greedy(4))
+        run(_engine(target), list(range(5, 5 + 300)), _greedy(4))
 
 
 def test_ngram_lookup_prefers_longest_then_most_recent():
@@ -157,8 +193,8 @@ def test_int8_draft_keeps_greedy_parity(tiny_dirs, tiny_models):
     target, _ = tiny_models
     draft = load_model(str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False, quantize="int8")
     ids = _ids(target)
-    base = _engine(target).generate(ids, _greedy())
-    out = _engine(target, DraftModelProposer(draft.model, target.tokenizer.vocab_size), 4).generate(ids, _greedy())
+    base = run(_engine(target), ids, _greedy())
+    out = run(_engine(target, draft), ids, _greedy(), _spec("draft", 4))
     assert out.token_ids == base.token_ids
     # an int8 copy of the target itself still agrees with it most of the time
     assert out.stats.acceptance_rate > 0.5
@@ -217,7 +253,7 @@ class _AlternatingController:
     def __init__(self, k):
         self.k, self.i, self.seen = k, 0, []
 
-    def plan(self, n, lookup_len):
+    def plan(self, n, lookup_len, budget=None):
         self.i += 1
         return ("lookup", lookup_len) if self.i % 2 and lookup_len else ("draft", self.k)
 
@@ -230,13 +266,14 @@ def test_draft_and_lookup_side_by_side_keep_parity_and_the_draft_cache_in_step(t
     every token accepted (its cache catches up on the tokens lookup committed), and greedy output is unchanged."""
     target, _ = tiny_models
     ids = _ids(target)
-    base = _engine(target).generate(ids, _greedy(48))
-    engine = Engine(target.model, target.tokenizer, DraftModelProposer(target.model, target.tokenizer.vocab_size),
-                    3, lookup=_ScriptedLookup(len(ids), base.token_ids))
-    seq = engine.new_sequence(ids, _greedy(48))
-    seq.controller = ctl = _AlternatingController(3)
-    for _ in engine.run(seq):
-        pass
+    base = run(_engine(target), ids, _greedy(48))
+    engine = _engine(target, target)
+    lookup = _ScriptedLookup(len(ids), base.token_ids)
+    engine.lookup_for = lambda sp: lookup
+    seq = engine.add_request("auto", ids, _greedy(48), _spec("draft", 3))
+    seq.spec.method, seq.spec.controller = "auto", (ctl := _AlternatingController(3))
+    while not seq.finished:
+        assert all(out.error is None for out in engine.step())
     assert seq.output_ids == base.token_ids
     lookups = [s for s in ctl.seen if s[0] == "lookup"]
     drafts = [s for s in ctl.seen if s[0] == "draft" and s[1]]

@@ -1,3 +1,5 @@
-from .engine import Engine, RequestOutput, StreamDelta
+from .llm_engine import LLMEngine
+from .output import RequestOutput, StepOutput, StreamDelta
+from .scheduler import SchedulerConfig
 
-__all__ = ["Engine", "RequestOutput", "StreamDelta"]
+__all__ = ["LLMEngine", "RequestOutput", "SchedulerConfig", "StepOutput", "StreamDelta"]

@@ -1,4 +1,5 @@
-"""Per-request state: tokens, text, termination (EOS, stop strings, max_tokens), stats."""
+"""Per-request state: tokens, text, termination (EOS, stop strings, max_tokens), stats, and the request's own
+speculative state (method, k, the policy's decision and step controller)."""
 from __future__ import annotations
 
 import itertools
@@ -15,6 +16,19 @@ _ids = itertools.count()
 
 
 @dataclass
+class SpecState:
+    """How this sequence speculates. `method` is what runs: none | ngram | draft | auto (the policy's step
+    controller picks, per step, the draft's k or prompt lookup's guess). k: the fixed k, or auto's upper bound."""
+    method: str = "none"
+    k: int = 0
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+    pool: str = "default"
+    decision: object | None = None          # policy.decide's Decision (method auto)
+    controller: object | None = None        # policy.decide.StepController (method auto, when it speculates)
+
+
+@dataclass
 class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
@@ -26,14 +40,19 @@ class Sequence:
     text: str = ""
     finish_reason: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
-    # optional step controller (method "auto"): picks the proposer's k or the lookup guess before each step
-    # (`plan()`) and is told how both fared (`observe()`); see policy.decide.StepController
-    controller: object | None = None
+    request_id: str = ""
+    spec: SpecState = field(default_factory=SpecState)
+    device: torch.device | str = "cpu"              # where the sampling generator lives (the model's device)
+    arrival: float = 0.0                            # perf_counter at add_request
+    first_token_at: float | None = None
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_ids)      # prompt + output
+        # tokens whose K/V is in the target's cache; decoding keeps it at len(token_ids) - 1 (the newest token is
+        # fed with the next step's draft)
+        self.num_computed = 0
         seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._detok = IncrementalDetokenizer(self.tokenizer)
         self._emitted = 0                           # chars of self.text already handed out
         self._stop_scan = 0                         # chars already searched for stop strings
@@ -43,6 +62,16 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def prefilling(self) -> bool:
+        """True while tokens other than the newest still lack K/V (a new or preempted request)."""
+        return self.num_computed < len(self.token_ids) - 1 or not self.output_ids
+
+    @property
+    def room(self) -> int:
+        """Draft tokens worth verifying this step: past max_tokens or the context window they are wasted."""
+        return max(0, min(self.params.max_tokens - len(self.output_ids), self.max_len - len(self.token_ids)) - 1)
 
     def append(self, new_ids: list[int]) -> list[int]:
         """Commit verified tokens one at a time until one ends the request; returns those committed."""

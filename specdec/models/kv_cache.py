@@ -1,42 +1,42 @@
-"""A preallocated per-sequence KV cache whose rollback is O(1)."""
+"""One sequence's K/V for every layer. The model writes at the positions it is given; nothing here moves a length.
+
+`length` (the positions holding committed tokens) is owned by the engine's KV manager: truncating a rejected draft
+is `length = n`, O(1), nothing copied; the stale entries past it are overwritten by the next forward and never
+attended to (the attention mask stops at the tokens of the step). Capacity grows on demand (`resize`), so a
+request costs memory for the tokens it has, not for the whole context window.
+"""
 from __future__ import annotations
 
 import torch
 
 
-class KVCache:
-    """K and V for every layer, preallocated to `max_len` tokens.
-
-    `length` is the number of committed positions. A forward writes new K/V at [length, length+T) and
-    advances `length`; `rollback(n)` only moves `length` back (the stale entries past it are simply
-    overwritten by the next forward and never attended to). Nothing is ever copied.
-    """
-
-    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype, device: torch.device | str | None = None):
-        shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, max_len, D]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.max_len = max_len
+class SeqKV:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str | None = None):
+        self.shape = (num_layers, num_kv_heads, 0, head_dim)
+        self.k = torch.zeros(self.shape, dtype=dtype, device=device)   # [L, Hkv, capacity, D]
+        self.v = torch.zeros(self.shape, dtype=dtype, device=device)
         self.length = 0
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v  # [B, Hkv, T, D] at positions start..start+T."""
-        end = start + k.shape[2]
-        if end > self.max_len:
-            raise IndexError(f"KV cache overflow: {end} positions > capacity {self.max_len}")
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
 
-    def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of positions 0..length  # [B, Hkv, length, D], views (no copy)."""
-        return self.k[layer, :, :, :length], self.v[layer, :, :, :length]
+    def resize(self, capacity: int) -> None:
+        """Reallocate to `capacity` positions, keeping the committed ones. New positions are zero: padded keys past
+        the step are masked, and a masked key must not hold a NaN (0 x NaN is NaN in the weighted sum)."""
+        L, H, _, D = self.shape
+        keep = min(self.length, capacity)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = torch.zeros((L, H, capacity, D), dtype=old.dtype, device=old.device)
+            new[:, :, :keep] = old[:, :, :keep]
+            setattr(self, name, new)
+        self.length = keep
 
-    def rollback(self, to_length: int) -> None:
-        """Forget every position >= to_length. O(1): moves the length, copies nothing."""
-        if not 0 <= to_length <= self.length:
-            raise ValueError(f"cannot roll back to {to_length}: cache holds {self.length} positions")
-        self.length = to_length
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of layer i  # [Hkv, capacity, D] views."""
+        return self.k[i], self.v[i]
 
     @property
     def nbytes(self) -> int:

@@ -6,8 +6,8 @@ does) lets a bf16 decode step stream the weights at close to the machine's read 
 
 bf16 inputs of fewer than MIN_ROWS rows are zero-padded to MIN_ROWS. Measured on the 2-core EPYC with the
 1.5B's layer shapes: oneDNN streams a packed bf16 weight at ~32 GB/s for one row but ~41 GB/s for 5-6
-rows (its one-row kernel is a different, slower path), and rows 2..8 give bit-identical results per
-row. Padding therefore makes a one-token step faster *and* computes each row exactly as a
+rows (its one-row kernel is a different, slower path), and every row count (1..400 measured) gives bit-identical
+results per row. Padding therefore makes a one-token step faster *and* computes each row exactly as a
 (k+1)-token verification forward does.
 """
 from __future__ import annotations
@@ -32,8 +32,9 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)  # opaque oneDNN layout
-        # float32 is fastest unpadded (one row: ~24 GB/s, six rows: ~17) and exact without padding
-        self.min_rows = MIN_ROWS if weight.dtype == torch.bfloat16 else 1
+        # float32: oneDNN's one-row path rounds differently from its 2..400-row path (measured: rows of M >= 2 are
+        # bit-identical, M = 1 is not), so one row is padded to two and every batch size gives the same rows
+        self.min_rows = MIN_ROWS if weight.dtype == torch.bfloat16 else 2
         self.bias = None if bias is None else bias.detach().clone()
         self.nbytes = weight.nbytes + (0 if bias is None else bias.nbytes)
 

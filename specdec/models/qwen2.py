@@ -1,8 +1,9 @@
 """The Qwen2/Llama decoder family: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP.
 
-The model knows nothing about requests, drafts or sampling: `forward(input_ids, positions, kv_cache)`
-returns hidden states for any number of new tokens (speculation verifies k+1 of them in one pass),
-and `compute_logits(hidden)` applies the output head. Q/K/V and gate/up projections are fused into
+The model knows nothing about requests, drafts or sampling: `forward(input_ids, positions, attn)` takes the new
+tokens of every sequence in a step as one flat batch (a prefill chunk, a plain step, k+1 verification rows) with the
+attention metadata the engine built (each sequence's cache, write positions and mask), and returns their hidden
+states; `compute_logits(hidden)` applies the output head. Q/K/V and gate/up projections are fused into
 one matmul each at load time (fewer, larger kernels: the CPU decode step is bound by weight reads).
 """
 from __future__ import annotations
@@ -12,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .kv_cache import KVCache
+from .attn_metadata import AttnMetadata
+from .kv_cache import SeqKV
 
 
 class RMSNorm(nn.Module):
@@ -38,7 +40,7 @@ def rope_tables(cfg: ModelConfig, max_positions: int, device=None) -> tuple[torc
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [B, H, T, D]; cos/sin: [B, 1, T, D]
+    # x: [N, H, D]; cos/sin: [N, 1, D]
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     rotated = torch.cat([-x2, x1], dim=-1)
@@ -55,21 +57,26 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
         self.split = (q_size, kv_size, kv_size)
 
-    def forward(self, x, cos, sin, kv_cache: KVCache, start: int, mask):
-        # x: [B, T, hidden]
-        B, T, _ = x.shape
+    def forward(self, x: torch.Tensor, cos, sin, attn: AttnMetadata) -> torch.Tensor:
+        # x: [N, hidden], the rows of every sequence in the step
+        N = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)      # [B, Hq, T, D]
-        k = k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)   # [B, Hkv, T, D]
-        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        kv_cache.write(self.layer_idx, start, k, v)
-        key_len = start + T if mask is None else mask.shape[1]   # may include masked padding keys
-        k_all, v_all = kv_cache.view(self.layer_idx, key_len)               # [B, Hkv, key_len, D]
-        if mask is not None and mask.shape[0] > T:   # pad queries: see Transformer.min_query_rows
-            q = torch.cat([q, q.new_zeros(B, self.num_heads, mask.shape[0] - T, self.head_dim)], dim=2)
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)[:, :, :T]
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        q = apply_rope(q.view(N, self.num_heads, self.head_dim), cos, sin)       # [N, Hq, D]
+        k = apply_rope(k.view(N, self.num_kv_heads, self.head_dim), cos, sin)    # [N, Hkv, D]
+        v = v.view(N, self.num_kv_heads, self.head_dim)
+        outs = []
+        for s in attn.seqs:     # each sequence attends to its own cache only: a row never depends on its neighbours
+            rows = slice(s.query_start, s.query_start + s.num_tokens)
+            k_cache, v_cache = s.kv.layer(self.layer_idx)                        # [Hkv, capacity, D]
+            k_cache[:, s.start: s.start + s.num_tokens] = k[rows].transpose(0, 1)
+            v_cache[:, s.start: s.start + s.num_tokens] = v[rows].transpose(0, 1)
+            q_s = q[rows].transpose(0, 1)                                        # [Hq, T, D]
+            if s.mask is not None and s.mask.shape[0] > s.num_tokens:   # padded queries: see causal_metadata
+                q_s = torch.cat([q_s, q_s.new_zeros(self.num_heads, s.mask.shape[0] - s.num_tokens, self.head_dim)], 1)
+            out = F.scaled_dot_product_attention(q_s[None], k_cache[None, :, : s.key_len],
+                                                 v_cache[None, :, : s.key_len], attn_mask=s.mask, enable_gqa=True)
+            outs.append(out[0, :, : s.num_tokens].transpose(0, 1).reshape(s.num_tokens, -1))   # [T, Hq*D]
+        return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
 
 
 class MLP(nn.Module):
@@ -92,8 +99,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, kv_cache, start, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, start, mask)
+    def forward(self, x, cos, sin, attn):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -119,29 +126,18 @@ class Transformer(nn.Module):
             size = max(4096, 1 << (needed - 1).bit_length())
             self._cos, self._sin = rope_tables(self.config, size, positions.device)
             self._rope_len = size
-        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)  # [B, 1, T, D]
+        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)  # [N, 1, D]
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
-        """input_ids, positions: [B, T] (positions contiguous from kv_cache.length) -> hidden [B, T, hidden].
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnMetadata) -> torch.Tensor:
+        """input_ids, positions: [N] (the new tokens of every sequence, flat) -> hidden [N, hidden].
 
-        Writes K/V for the T new tokens into the cache and advances its length by T.
+        Writes each sequence's new K/V at the cache positions `attn` gives; never changes a cache's length.
         """
-        B, T = input_ids.shape
-        start = kv_cache.length
         cos, sin = self._rope(positions)
-        mask = None
-        rows = max(T, self.min_query_rows)
-        if rows > 1:  # query i (position start+i) sees keys 0..start+i; padded rows see all keys
-            key_len = start + T
-            if self.key_block > 1:
-                key_len = min(-(-key_len // self.key_block) * self.key_block, kv_cache.max_len)
-            mask = torch.zeros(rows, key_len, dtype=torch.bool, device=input_ids.device)
-            mask[:, : start + T] = torch.ones(rows, start + T, dtype=torch.bool, device=input_ids.device).tril(start)
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
-            x = layer(x, cos, sin, kv_cache, start, mask)
-        kv_cache.length = start + T
+            x = layer(x, cos, sin, attn)
         return self.norm(x)
 
     @torch.inference_mode()
@@ -185,8 +181,7 @@ class Transformer(nn.Module):
         packed = sum(m.nbytes for m in self.modules() if isinstance(getattr(m, "nbytes", None), int))
         return packed + sum(p.nbytes for p in self.parameters())
 
-    def new_kv_cache(self, max_len: int, batch: int = 1) -> KVCache:
-        p = self.embed_tokens.weight
-        c = self.config
-        max_len = -(-max_len // self.key_block) * self.key_block   # room for the masked key padding
-        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, max_len, p.dtype, p.device)
+    def new_kv(self) -> SeqKV:
+        """An empty cache for one sequence (grown by the caller as the sequence grows)."""
+        p, c = self.embed_tokens.weight, self.config
+        return SeqKV(c.num_layers, c.num_kv_heads, c.head_dim, p.dtype, p.device)

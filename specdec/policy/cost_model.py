@@ -28,6 +28,9 @@ def expected_tokens(alpha: float, k: int) -> float:
 class CostModel:
     draft_step: float                    # c: one draft forward (one token) / one target forward (one token)
     verify: list[float] = field(default_factory=lambda: [1.0])   # V(n) for n = 1..len; V(1) = 1 by definition
+    # V at larger row counts, [[n, V(n)], ...] ascending past len(verify): a batched step carries up to
+    # max_num_seqs x (k_max + 1) rows; between points V is interpolated linearly
+    verify_large: list = field(default_factory=list)
     lookup: float = 0.0                  # n-gram lookup per step, relative to a target step
     target_step_s: float = 0.0           # seconds of one plain target step (for net-speedup accounting)
     source: str = "measured"             # where the numbers came from
@@ -39,28 +42,37 @@ class CostModel:
         for x in self.verify[1:]:
             v.append(max(x, v[-1]))
         self.verify = v
+        large = []
+        for n, x in sorted((int(n), float(x)) for n, x in self.verify_large if int(n) > len(v)):
+            large.append([n, max(x, large[-1][1] if large else v[-1])])
+        self.verify_large = large
 
     def V(self, n: int) -> float:
-        """Target forward over n tokens relative to one token; past the measured range, extrapolate linearly."""
+        """Target forward over n tokens relative to one token; between measured points interpolate, past the last
+        extrapolate linearly."""
         if n <= len(self.verify):
-            return self.verify[n - 1]
-        if len(self.verify) >= 2:
-            slope = max(0.0, self.verify[-1] - self.verify[-2])
-            return self.verify[-1] + slope * (n - len(self.verify))
-        return self.verify[-1]
+            return self.verify[max(n, 1) - 1]
+        pts = [(len(self.verify) - 1, self.verify[-2] if len(self.verify) >= 2 else self.verify[-1]),
+               (len(self.verify), self.verify[-1])] + [(m, x) for m, x in self.verify_large]
+        for (n0, v0), (n1, v1) in zip(pts, pts[1:]):
+            if n <= n1 and n1 > n0:
+                return v0 + (v1 - v0) * (n - n0) / (n1 - n0)
+        (n0, v0), (n1, v1) = pts[-2], pts[-1]
+        slope = max(0.0, (v1 - v0) / (n1 - n0)) if n1 > n0 else 0.0
+        return v1 + slope * (n - n1)
 
     @property
     def max_k(self) -> int:
         return len(self.verify) - 1
 
     def to_dict(self) -> dict:
-        return {"draft_step": self.draft_step, "verify": list(self.verify), "lookup": self.lookup,
-                "target_step_s": self.target_step_s, "source": self.source}
+        return {"draft_step": self.draft_step, "verify": list(self.verify), "verify_large": self.verify_large,
+                "lookup": self.lookup, "target_step_s": self.target_step_s, "source": self.source}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
-        return cls(float(d["draft_step"]), [float(v) for v in d["verify"]], float(d.get("lookup", 0.0)),
-                   float(d.get("target_step_s", 0.0)), d.get("source", "cache"))
+        return cls(float(d["draft_step"]), [float(v) for v in d["verify"]], d.get("verify_large", []),
+                   float(d.get("lookup", 0.0)), float(d.get("target_step_s", 0.0)), d.get("source", "cache"))
 
 
 def expected_speedup(method: str, alpha: float, k: int, cost: CostModel) -> float:
@@ -83,3 +95,45 @@ def best_k(method: str, alpha: float, cost: CostModel, k_max: int) -> tuple[int,
         if s > best[1] + 1e-9:
             best = (k, s)
     return best
+
+
+@dataclass
+class StepBudget:
+    """What one batched step already carries, to price another sequence's draft in it.
+
+    All sequences of a step share its time, so the sum of their decode speeds is the step's expected tokens over
+    its time: adding k draft rows for one sequence pays when (tokens + E(α, k) − 1) / (V(rows + k) + extra + k·c)
+    beats the step without them. With one sequence (rows = tokens = 1, extra = 0) this is S(α, k) above; as rows
+    stop being free (V grows with the batch), the best k falls toward 0.
+    """
+    cost: CostModel
+    rows: int = 1                 # rows already in the forward (one per decoding sequence, prompt chunks)
+    tokens: float = 1.0           # tokens the step is expected to commit
+    extra: float = 0.0            # draft / lookup time already spent for this step, in target-step units
+
+    def rate(self, d_tokens: float = 0.0, d_rows: int = 0, d_extra: float = 0.0) -> float:
+        return (self.tokens + d_tokens) / (self.cost.V(self.rows + d_rows) + self.extra + d_extra)
+
+    def gain(self, method: str, alpha: float, k: int) -> float:
+        """The step's expected rate with this sequence's k drafts, relative to without them."""
+        if k <= 0:
+            return 1.0
+        per_token = self.cost.draft_step if method == "draft" else 0.0
+        fixed = self.cost.lookup if method == "ngram" else 0.0
+        return self.rate(expected_tokens(alpha, k) - 1.0, k, k * per_token + fixed) / self.rate()
+
+    def best(self, method: str, alpha: float, k_max: int) -> tuple[int, float]:
+        """The k in 0..k_max with the highest gain (ties go to the smaller k)."""
+        best = (0, 1.0)
+        for k in range(1, k_max + 1):
+            g = self.gain(method, alpha, k)
+            if g > best[1] + 1e-9:
+                best = (k, g)
+        return best
+
+    def add(self, method: str, alpha: float, k: int) -> None:
+        if k > 0:
+            self.tokens += expected_tokens(alpha, k) - 1.0
+            self.rows += k
+            self.extra += k * (self.cost.draft_step if method == "draft" else 0.0) + \
+                (self.cost.lookup if method == "ngram" else 0.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .cost_model import CostModel, best_k, expected_speedup, expected_tokens
+from .cost_model import CostModel, StepBudget, best_k, expected_tokens
 
 
 @dataclass
@@ -172,9 +172,9 @@ class StepController:
     def bucket(n: int) -> int:
         return min(n, 4)
 
-    def lookup_estimate(self, n: int, length: int) -> tuple[int, float]:
-        """(tokens worth verifying, expected speedup of that step) for a lookup guess of `length` tokens from
-        a match of length n."""
+    def lookup_alpha_for(self, n: int, length: int) -> float:
+        """Effective α of a lookup guess of `length` tokens from a match of length n: this request's record for
+        that match length, with the pool's record (or the prior α) as a prior."""
         b = self.bucket(n)
         own = self.by_n.get(b, [0, 0, 0])
         prior = self.lookup_prior.get(b)
@@ -186,17 +186,30 @@ class StepController:
             pd = w * length
             pp, pa = w, w * (expected_tokens(self.lookup_alpha, length) - 1)
         props, proposed, accepted = own[0] + pp, own[1] + pd, own[2] + pa
-        alpha = effective_alpha(1 + accepted / props, max(1, round(proposed / props)))
-        return best_k("ngram", alpha, self.cost, length)
+        return effective_alpha(1 + accepted / props, max(1, round(proposed / props)))
 
-    def plan(self, n: int, lookup_len: int) -> tuple[str, int]:
-        """("lookup", tokens of the guess to verify) or ("draft", k); ("draft", 0) is a plain step."""
-        s_draft = expected_speedup("draft", self.alpha, self.k, self.cost) if self.k else 1.0
+    def lookup_estimate(self, n: int, length: int) -> tuple[int, float]:
+        """(tokens worth verifying, expected speedup of that step) for a lookup guess, one sequence alone."""
+        return best_k("ngram", self.lookup_alpha_for(n, length), self.cost, length)
+
+    def plan(self, n: int, lookup_len: int, budget: StepBudget | None = None) -> tuple[str, int]:
+        """("lookup", tokens of the guess to verify) or ("draft", k); ("draft", 0) is a plain step.
+
+        `budget` is what the step already carries (other sequences' rows): the draft's k and the guess's length
+        are chosen for the step's expected rate, so a full batch leaves less room for drafts. It is updated with
+        the choice. Without one, the sequence is alone in its step.
+        """
+        budget = budget or StepBudget(self.cost)
+        k_d, g_d = budget.best("draft", self.alpha, self.k) if self.k else (0, 1.0)
+        choice = ("draft", k_d, g_d, self.alpha)
         if lookup_len and self.use_lookup:
-            k, s = self.lookup_estimate(n, lookup_len)
-            if k and s > s_draft:
-                return "lookup", k
-        return "draft", self.k
+            a = self.lookup_alpha_for(n, lookup_len)
+            k_l, g_l = budget.best("ngram", a, lookup_len)
+            if k_l and g_l > g_d:
+                choice = ("lookup", k_l, g_l, a)
+        source, k, _, alpha = choice
+        budget.add("ngram" if source == "lookup" else "draft", alpha, k)
+        return source, k
 
     def observe(self, source: str, num_draft: int, num_accepted: int, n: int = 0, lookup_len: int = 0,
                 lookup_matched: int = 0) -> None:

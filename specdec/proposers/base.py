@@ -1,4 +1,8 @@
-"""The one interface every proposer implements: propose k tokens, observe how they fared."""
+"""The one interface every proposer implements: propose drafts for a step's sequences, observe how they fared.
+
+A proposer gets every sequence it drafts for in one call, so a model proposer can draft for all of them in shared
+batched forwards (vLLM's flat draft batches); per-sequence proposers simply loop.
+"""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -40,8 +44,8 @@ class Proposer(ABC):
     name: str = "base"
 
     @abstractmethod
-    def propose(self, ctx: ProposalContext, k: int) -> Draft:
-        """Propose up to k tokens to follow ctx.token_ids."""
+    def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
+        """For each sequence, up to ks[i] tokens to follow ctxs[i].token_ids (fewer, or none, is allowed)."""
 
     def observe(self, result: VerifyResult) -> None:
         """Called after each verification (default: nothing to learn)."""
@@ -62,5 +66,9 @@ class NoProposer(Proposer):
     """`none`: plain decoding through the same engine; every step is a k=0 step."""
     name = "none"
 
-    def propose(self, ctx: ProposalContext, k: int) -> Draft:
-        return Draft(torch.empty(0, dtype=torch.long))
+    def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
+        return [empty_draft() for _ in ctxs]
+
+
+def empty_draft() -> Draft:
+    return Draft(torch.empty(0, dtype=torch.long))

@@ -1,11 +1,11 @@
-"""A smaller model of the same family drafts k tokens autoregressively with its own KV cache."""
+"""A smaller model of the same family drafts k tokens autoregressively, for many sequences at once."""
 from __future__ import annotations
 
 import torch
 
 from ..errors import SpecDecError
-from ..models.kv_cache import KVCache
 from ..models.qwen2 import Transformer
+from ..models.runner import Span, forward_spans
 from ..sampling.logits import probs_from_logits, sample
 from ..tokenizer import Tokenizer
 from .base import Draft, ProposalContext, Proposer, VerifyResult
@@ -33,64 +33,86 @@ def check_compatible(target_tok: Tokenizer, draft_tok: Tokenizer, target_vocab: 
 
 
 class DraftModelProposer(Proposer):
-    """Keeps one KV cache per sequence, in sync with the committed tokens.
+    """Drafts for every sequence of a step in shared batched forwards of the draft model.
 
-    The cache holds a prefix of the committed tokens. `propose` first feeds whatever committed tokens
-    the cache lacks (the prompt on the first call; after a fully accepted draft, the last draft token
-    plus the bonus token) in one forward, then drafts k tokens one at a time. After verification,
-    `observe` rolls the cache back to the committed prefix (O(1)).
+    Each sequence's draft cache (held by a KV manager, like the target's) is a prefix of its committed tokens.
+    The first forward of a step feeds every sequence the committed tokens its cache lacks (the prompt on the first
+    call; after a fully accepted draft, the last draft token and the bonus token) and yields its first draft
+    token; each further forward feeds one row per sequence still drafting. A sequence more than `catchup_budget`
+    tokens behind (a long prompt) only catches up by a chunk this step and drafts nothing, so no step carries an
+    unbounded draft prefill. After verification `observe` truncates the cache to the committed prefix (O(1)).
     """
     name = "draft"
 
-    def __init__(self, model: Transformer, vocab_size: int):
+    def __init__(self, model: Transformer, vocab_size: int, kv, catchup_budget: int = 512):
         self.model = model
         self.vocab_size = vocab_size                 # compare on the shared vocabulary
-        self.caches: dict[int, KVCache] = {}
-
-    def _cache(self, seq_id: int, needed: int) -> KVCache:
-        cache = self.caches.get(seq_id)
-        if cache is None or cache.max_len < needed:
-            # headroom so a request rarely regrows; a regrown cache starts empty and is refilled below
-            cache = self.model.new_kv_cache(needed + 1024)
-            self.caches[seq_id] = cache
-        return cache
+        self.kv = kv                                 # engine.kv_manager.KVManager over the draft model
+        self.catchup_budget = catchup_budget
 
     @torch.inference_mode()
-    def propose(self, ctx: ProposalContext, k: int) -> Draft:
-        if k <= 0:
-            return Draft(torch.empty(0, dtype=torch.long))
-        ids = ctx.token_ids
-        cache = self._cache(ctx.seq_id, len(ids) + k + 1)
-        device = self.model.embed_tokens.weight.device
-        params = ctx.params
-        missing = ids[cache.length:]                  # committed tokens the draft has not seen
-        tokens = torch.tensor([missing], dtype=torch.long, device=device)
-        drafted, q_rows = [], []
-        for i in range(k):
-            start = cache.length
-            positions = torch.arange(start, start + tokens.shape[1], device=device)[None]
-            hidden = self.model(tokens, positions, cache)
-            logits = self.model.compute_logits(hidden[0, -1:])[:, : self.vocab_size]  # [1, V]
-            if params.greedy:
-                tok = logits.argmax(-1)
-            else:
-                q = probs_from_logits(logits, params.temperature, params.top_k, params.top_p, params.min_p)
-                tok = sample(q, ctx.generator)
-                q_rows.append(q[0])
-            drafted.append(tok)
-            tokens = tok.view(1, 1)
-        # The cache now holds ids + drafted[:-1]; the last draft token is fed next time if accepted.
-        token_ids = torch.cat(drafted)
-        return Draft(token_ids, torch.stack(q_rows) if q_rows else None)
+    def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
+        drafted: list[list[torch.Tensor]] = [[] for _ in ctxs]
+        q_rows: list[list[torch.Tensor]] = [[] for _ in ctxs]
+        spans, owners = [], []
+        budget = self.catchup_budget
+        for i, (ctx, k) in enumerate(zip(ctxs, ks)):
+            if k <= 0:
+                continue
+            ids = ctx.token_ids
+            kv = self.kv.get(ctx.seq_id)
+            if kv.length >= len(ids):                 # the newest token must be fed to draft after it
+                self.kv.truncate(ctx.seq_id, len(ids) - 1)
+            missing = ids[kv.length:]                 # committed tokens the draft has not seen (>= 1)
+            if len(missing) > max(budget, 1):
+                n = max(0, min(budget, len(missing) - 1))
+                if n:                                 # catch up by a chunk; no draft for this sequence this step
+                    self.kv.ensure(ctx.seq_id, kv.length + n)
+                    spans.append(Span(kv, kv.length, missing[:n], "none"))
+                    owners.append(None)
+                    budget -= n
+                continue
+            budget -= len(missing)
+            self.kv.ensure(ctx.seq_id, len(ids) + k)
+            spans.append(Span(kv, kv.length, missing, "last"))
+            owners.append(i)
+        step = 0
+        while spans:
+            logits = forward_spans(self.model, spans)
+            nxt, nxt_owners = [], []
+            for span, i, lg in zip(spans, owners, logits):
+                span.kv.length = span.start + len(span.token_ids)    # what this forward wrote is now cached
+                if i is None:
+                    continue
+                tok = self._sample(lg[:, : self.vocab_size], ctxs[i], q_rows[i])
+                drafted[i].append(tok)
+                if len(drafted[i]) < ks[i]:
+                    nxt.append(Span(span.kv, span.kv.length, [tok], "last"))
+                    nxt_owners.append(i)
+            spans, owners = nxt, nxt_owners
+            step += 1
+        # each cache now holds its committed tokens + its draft but the last (fed next time if accepted)
+        return [Draft(torch.tensor(d, dtype=torch.long), torch.stack(q) if q else None)
+                for d, q in zip(drafted, q_rows)]
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, ctx: ProposalContext, q_rows: list) -> int:
+        # logits: [1, V]
+        p = ctx.params
+        if p.greedy:
+            return int(logits.argmax(-1))
+        q = probs_from_logits(logits, p.temperature, p.top_k, p.top_p, p.min_p)
+        q_rows.append(q[0])
+        return int(sample(q, ctx.generator))
 
     def observe(self, result: VerifyResult) -> None:
-        cache = self.caches.get(result.seq_id)
-        if cache is not None and cache.length > result.committed_len - 1:
+        kv = self.kv.caches.get(result.seq_id)
+        if kv is not None and kv.length > result.committed_len - 1:
             # keep only committed tokens (the newest committed token is fed at the next propose)
-            cache.rollback(result.committed_len - 1)
+            self.kv.truncate(result.seq_id, result.committed_len - 1)
 
     def release(self, seq_id: int) -> None:
-        self.caches.pop(seq_id, None)
+        self.kv.free_seq(seq_id)
 
     @property
     def weight_bytes(self) -> int:
@@ -98,4 +120,4 @@ class DraftModelProposer(Proposer):
 
     @property
     def cache_bytes(self) -> int:
-        return sum(c.nbytes for c in self.caches.values())
+        return self.kv.nbytes

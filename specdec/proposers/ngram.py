@@ -47,5 +47,5 @@ class NgramProposer(Proposer):
         """(matched n-gram length, up to k continuation tokens); (0, []) when nothing matches."""
         return find_ngram_match(token_ids, k, self.max_n, self.min_n) if k > 0 else (0, [])
 
-    def propose(self, ctx: ProposalContext, k: int) -> Draft:
-        return Draft(torch.tensor(self.match(ctx.token_ids, k)[1], dtype=torch.long), None)
+    def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
+        return [Draft(torch.tensor(self.match(c.token_ids, k)[1], dtype=torch.long), None) for c, k in zip(ctxs, ks)]

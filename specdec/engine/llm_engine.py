@@ -1,0 +1,284 @@
+"""The engine core: `add_request`, `abort`, `step()`. Every caller (the CLI, `LLM`, the benchmarks, the server)
+drives this one object.
+
+One step = schedule (which sequences, which prompt chunks) -> propose (each decoding sequence's draft, by its own
+method and k; the draft model drafts for all of them in shared forwards) -> one target forward over every row of
+every sequence -> verify (greedy and sampled sequences mixed, each with its own generator) -> commit (stop
+conditions, cache truncation, stats, the policy told of finished requests). A sequence's greedy output does not
+depend on what else is in the step: every row is computed the same way whatever the batch (see
+models/packed_linear.py and models/attn_metadata.py).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import SpeculativeConfig
+from ..errors import SpecDecError
+from ..models.runner import Span, forward_spans
+from ..policy.cost_model import StepBudget
+from ..policy.decide import RequestFeatures
+from ..proposers.base import Draft, ProposalContext, VerifyResult, empty_draft
+from ..proposers.draft_model import DraftModelProposer
+from ..proposers.ngram import NgramProposer
+from ..sampling.rejection import verify_ragged
+from ..sampling_params import SamplingParams
+from .kv_manager import KVManager
+from .output import StepInfo, StepOutput, StreamDelta
+from .scheduler import Scheduler, SchedulerConfig
+from .sequence import Sequence, SpecState
+
+
+@dataclass
+class _Plan:
+    """One decoding sequence's part of a step: what it verifies and where that came from."""
+    draft: Draft = field(default_factory=empty_draft)
+    source: str = "draft"                 # draft | lookup (method auto: which proposer filled `draft`)
+    match_len: int = 0                    # auto: length of the n-gram prompt lookup matched
+    guess: list[int] = field(default_factory=list)   # auto: prompt lookup's guess (scored even when not verified)
+
+
+class LLMEngine:
+    def __init__(self, model, tokenizer, draft_model=None, scheduler: SchedulerConfig | None = None,
+                 max_model_len: int | None = None, policy_factory: Callable[[], object] | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.vocab_size         # shared with the draft; padding rows never sampled
+        self.max_model_len = min(max_model_len or model.config.max_position_embeddings,
+                                 model.config.max_position_embeddings)
+        self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.device = model.embed_tokens.weight.device
+        self.sched_cfg = scheduler or SchedulerConfig()
+        self.kv = KVManager(model, self.sched_cfg.max_total_tokens)
+        self.scheduler = Scheduler(self.sched_cfg, self.kv)
+        self.draft = (DraftModelProposer(draft_model, self.vocab_size,
+                                         KVManager(draft_model, self.sched_cfg.max_total_tokens),
+                                         self.sched_cfg.max_num_batched_tokens)
+                      if draft_model is not None else None)
+        self._lookups: dict[tuple[int, int], NgramProposer] = {}
+        self._policy_factory = policy_factory
+        self._policy = None
+        self.seqs: dict[str, Sequence] = {}
+        self.last_step = StepInfo()
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    @property
+    def policy(self):
+        """The speculation policy of method auto (built on first use: it measures or reads the cost model)."""
+        if self._policy is None:
+            if self._policy_factory is None:
+                raise SpecDecError("method 'auto' needs a speculation policy; this engine was built without one")
+            self._policy = self._policy_factory()
+        return self._policy
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                    spec: SpeculativeConfig | None = None, pool: str = "default") -> Sequence:
+        """Queue a request; it joins the running batch at a step boundary. Raises SpecDecError for bad input."""
+        spec = spec or SpeculativeConfig()
+        if request_id in self.seqs:
+            raise SpecDecError(f"request id '{request_id}' is already running")
+        if not prompt_ids:
+            raise SpecDecError("the prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise SpecDecError(f"the prompt is {len(prompt_ids)} tokens; the context window is {self.max_model_len} "
+                               "tokens (the prompt and at least one new token must fit)")
+        if spec.method == "draft" and self.draft is None:
+            raise SpecDecError("speculative method 'draft' needs a draft model; none is loaded")
+        k = spec.num_speculative_tokens or 0
+        need = min(len(prompt_ids) + params.max_tokens, self.max_model_len) + k + 1
+        if self.kv.extra_needed(-1, need) > self.sched_cfg.max_total_tokens:
+            raise SpecDecError(f"the request needs {need} KV positions; the KV cache holds {self.sched_cfg.max_total_tokens} "
+                               "(raise --max-total-tokens or lower max_tokens)")
+        state = SpecState(spec.method, k, spec.prompt_lookup_max, spec.prompt_lookup_min, pool)
+        seq = Sequence(list(prompt_ids), params, self.tokenizer, self.eos_ids, self.max_model_len,
+                       request_id=request_id, spec=state, device=self.device, arrival=time.perf_counter())
+        seq.stats.method, seq.stats.num_speculative_tokens = spec.method, k
+        seq.stats.prompt_tokens = len(prompt_ids)
+        if spec.method == "auto":
+            self._decide(seq)
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def _decide(self, seq: Sequence) -> None:
+        """Method auto: the policy picks none / ngram / draft and k for this request (pool and load aware)."""
+        policy, p, sp = self.policy, seq.params, seq.spec
+        load = self.num_running + self.num_waiting
+        d = policy.decide(seq.request_id, sp.pool, RequestFeatures(p.temperature, p.top_p, p.max_tokens, load))
+        sp.decision = d
+        seq.stats.method, seq.stats.num_speculative_tokens, seq.stats.policy_reason = d.method, d.k, d.reason
+        if d.method == "none":
+            sp.method, sp.k = "none", 0
+        else:   # the draft (when chosen) and prompt lookup side by side; the step controller picks per step
+            sp.k = policy.cfg.k_max
+            sp.controller = policy.controller(d, sp.pool, p.temperature)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Stop a request now: its KV and draft state are freed before the next step. Returns it, if it ran."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is not None:
+            self._release(seq)
+        return seq
+
+    def _release(self, seq: Sequence) -> None:
+        self.scheduler.remove(seq)
+        if self.draft is not None:
+            self.draft.release(seq.seq_id)
+
+    # -- the step ---------------------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        for seq in batch.preempted:
+            if self.draft is not None:
+                self.draft.release(seq.seq_id)
+        if batch.empty:
+            self.last_step = StepInfo()
+            return []
+        decodes, prefills = batch.decodes, batch.prefills
+        try:
+            plans = self._propose(decodes, batch.num_rows)
+            t1 = time.perf_counter()
+            spans = [Span(self.kv.get(s.seq_id), s.num_computed, [s.token_ids[-1]] + p.draft.token_ids.tolist(), "all")
+                     for s, p in zip(decodes, plans)]
+            for seq, n in prefills:
+                done = seq.num_computed + n == len(seq.token_ids)
+                spans.append(Span(self.kv.get(seq.seq_id), seq.num_computed,
+                                  seq.token_ids[seq.num_computed: seq.num_computed + n], "last" if done else "none"))
+            logits = forward_spans(self.model, spans)
+        except Exception as exc:  # noqa: BLE001 - the step's requests fail; the engine goes on
+            return [self._fail(s, exc) for s in [*decodes, *(s for s, _ in prefills)]]
+        self.last_step = StepInfo(len(decodes) + len(prefills), sum(len(s.token_ids) for s in spans),
+                                  sum(n for _, n in prefills), sum(len(p.draft) for p in plans))
+        # verify every sequence that samples this step: decodes, and prompts whose last chunk just ran
+        sampling = [(s, p, lg) for s, p, lg in zip(decodes, plans, logits)]
+        for (seq, n), lg in zip(prefills, logits[len(decodes):]):
+            seq.num_computed += n
+            self.kv.commit(seq.seq_id, seq.num_computed)
+            if lg is not None:
+                sampling.append((seq, None, lg))
+        V = self.vocab_size
+        results = verify_ragged(
+            [lg[:, :V] for _, _, lg in sampling],
+            [(p.draft if p else empty_draft()).token_ids for _, p, _ in sampling],
+            [None if p is None or p.draft.q_draft is None else p.draft.q_draft[:, :V].to(self.device)
+             for _, p, _ in sampling],
+            [s.params for s, _, _ in sampling], [s.generator for s, _, _ in sampling])
+        t2 = time.perf_counter()
+        outputs = []
+        for (seq, plan, _), (num_accepted, emitted) in zip(sampling, results):
+            try:
+                committed = self._commit(seq, plan, num_accepted, emitted, t0, t1, t2)
+            except Exception as exc:  # noqa: BLE001 - one request's failure is that request's error
+                outputs.append(self._fail(seq, exc))
+                continue
+            outputs.append(self._output(seq, committed))
+        return outputs
+
+    def _propose(self, seqs: list[Sequence], rows: int) -> list[_Plan]:
+        """Each decoding sequence's draft for this step, by its own method and k."""
+        plans = [_Plan() for _ in seqs]
+        budget = None
+        to_draft: list[tuple[int, int]] = []            # (index, k) for the draft model
+        # fixed methods first: their rows are part of what auto's sequences see in the budget
+        order = sorted(range(len(seqs)), key=lambda i: seqs[i].spec.method == "auto")
+        for i in order:
+            seq, sp, plan = seqs[i], seqs[i].spec, plans[i]
+            room = min(sp.k, seq.room)
+            if room <= 0 or sp.method == "none":
+                continue
+            if sp.method == "ngram":
+                guess = self.lookup_for(sp).match(seq.token_ids, room)[1]
+                plan.draft = Draft(torch.tensor(guess, dtype=torch.long))
+                rows += len(guess)
+            elif sp.method == "draft":
+                to_draft.append((i, room))
+                rows += room
+            else:   # auto: the step controller picks the draft's k or the lookup guess, knowing the step's rows
+                if budget is None and self._policy is not None:
+                    budget = StepBudget(self._policy.cost, rows=rows, tokens=float(len(seqs)))
+                plan.match_len, plan.guess = self.lookup_for(sp).match(seq.token_ids, room)
+                plan.source, k = sp.controller.plan(plan.match_len, len(plan.guess), budget)
+                k = max(0, min(k, room))
+                if plan.source == "lookup":
+                    plan.draft = Draft(torch.tensor(plan.guess[:k], dtype=torch.long))
+                elif k > 0 and self.draft is not None:
+                    to_draft.append((i, k))
+        if to_draft:
+            ctxs = [ProposalContext(seqs[i].seq_id, seqs[i].token_ids, seqs[i].params, seqs[i].generator)
+                    for i, _ in to_draft]
+            for (i, _), draft in zip(to_draft, self.draft.propose(ctxs, [k for _, k in to_draft])):
+                plans[i].draft = draft
+        return plans
+
+    def lookup_for(self, sp: SpecState) -> NgramProposer:
+        key = (sp.prompt_lookup_max, sp.prompt_lookup_min)
+        if key not in self._lookups:
+            self._lookups[key] = NgramProposer(*key)
+        return self._lookups[key]
+
+    def _commit(self, seq: Sequence, plan: _Plan | None, num_accepted: int, emitted: list[int],
+                t0: float, t1: float, t2: float) -> list[int]:
+        stats = seq.stats
+        if plan is None:                                  # the first token, sampled from the prompt's last row
+            stats.prefill_time_s += t2 - t0
+            return seq.append(emitted)
+        # the newest token and the accepted drafts now have K/V; the emitted last token does not
+        seq.num_computed += 1 + num_accepted
+        self.kv.commit(seq.seq_id, seq.num_computed)     # rejected drafts' K/V is simply not counted
+        num_draft = len(plan.draft)
+        stats.target_forwards += 1
+        stats.draft_time_s += t1 - t0
+        stats.verify_time_s += t2 - t1
+        stats.observe_draft(num_draft, num_accepted)
+        ctl = seq.spec.controller
+        if ctl is not None:
+            if plan.source == "lookup":
+                stats.lookup_steps += 1
+                matched = num_accepted
+            else:   # how the guess would have fared: its agreement with what the target committed
+                guess = plan.guess
+                matched = next((j for j, (g, e) in enumerate(zip(guess, emitted)) if g != e),
+                               min(len(guess), len(emitted)))
+            ctl.observe(plan.source, num_draft, num_accepted, plan.match_len, len(plan.guess), matched)
+        committed = seq.append(emitted)
+        if self.draft is not None and seq.spec.method in ("draft", "auto"):
+            self.draft.observe(VerifyResult(seq.seq_id, num_draft, num_accepted, len(seq.token_ids)))
+        return committed
+
+    def _output(self, seq: Sequence, committed: list[int]) -> StepOutput:
+        now = time.perf_counter()
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+        if not seq.finished:
+            return StepOutput(seq.request_id, StreamDelta(seq.take_delta(), committed, False, None))
+        seq.stats.finish_reason = seq.finish_reason
+        seq.stats.finalize(seq.arrival, seq.first_token_at, now)
+        self._finish(seq)
+        return StepOutput(seq.request_id, StreamDelta(seq.take_delta(), committed, True, seq.finish_reason, seq.stats))
+
+    def _finish(self, seq: Sequence) -> None:
+        self.seqs.pop(seq.request_id, None)
+        self._release(seq)
+        d = seq.spec.decision
+        if d is not None:                                 # the one place the policy hears of an outcome
+            self.policy.record(seq.spec.pool, d, seq.params.temperature, seq.stats, seq.spec.controller)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> StepOutput:
+        self.seqs.pop(seq.request_id, None)
+        self._release(seq)
+        return StepOutput(seq.request_id, None, exc)

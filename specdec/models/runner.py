@@ -1,0 +1,63 @@
+"""Run a model over a ragged batch: each sequence contributes its new tokens at its own cache positions.
+
+Shared by the engine (target: prefill chunks beside plain and verification rows) and the draft proposer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attn_metadata import causal_metadata
+from .kv_cache import SeqKV
+
+
+@dataclass
+class Span:
+    kv: SeqKV                    # the sequence's cache, large enough for start + len(token_ids) (key-block padded)
+    start: int                   # cache position of token_ids[0]
+    token_ids: list[int]
+    logits: str = "last"         # which rows need logits: "last", "all" or "none"
+
+
+@torch.inference_mode()
+def forward_spans(model, spans: list[Span]) -> list[torch.Tensor | None]:
+    """One forward over every span; per span its logits  # [rows, V] fp32 (rows: 1, len(token_ids) or None)."""
+    device = model.embed_tokens.weight.device
+    ids, pos, want = [], [], []
+    row = 0
+    for s in spans:
+        n = len(s.token_ids)
+        ids += s.token_ids
+        pos += range(s.start, s.start + n)
+        if s.logits == "all":
+            want.append((row, row + n))
+        elif s.logits == "last":
+            want.append((row + n - 1, row + n))
+        else:
+            want.append(None)
+        row += n
+    attn = causal_metadata([(s.kv, s.start, len(s.token_ids)) for s in spans], model.min_query_rows,
+                           model.key_block, device)
+    hidden = model(torch.tensor(ids, dtype=torch.long, device=device),
+                   torch.tensor(pos, dtype=torch.long, device=device), attn)          # [N, hidden]
+    rows = [r for w in want if w is not None for r in range(*w)]
+    if not rows:
+        return [None] * len(spans)
+    logits = model.compute_logits(hidden[torch.tensor(rows, device=device)])       # [R, V]
+    out, i = [], 0
+    for w in want:
+        if w is None:
+            out.append(None)
+        else:
+            n = w[1] - w[0]
+            out.append(logits[i: i + n])
+            i += n
+    return out
+
+
+def forward_once(model, token_ids: list[int]) -> torch.Tensor:
+    """Logits of every position of one standalone sequence  # [T, V] (tests, the divergence margin)."""
+    kv = model.new_kv()
+    kv.resize(-(-len(token_ids) // model.key_block) * model.key_block)
+    return forward_spans(model, [Span(kv, 0, list(token_ids), "all")])[0]

@@ -1,0 +1,244 @@
+"""Continuous batching: many sequences in one target forward, each with its own method and k.
+
+A request's greedy output must not depend on what shares its forward (fp32 and bf16), sampled rows inside a batch
+are verified exactly, aborts free KV and draft state, more requests than the KV budget queue (or are preempted and
+recomputed) and all finish, and sampling generators live on the model's device.
+"""
+import pytest
+import torch
+
+from specdec.config import SpeculativeConfig
+from specdec.engine import LLMEngine, SchedulerConfig
+from specdec.models.loader import load_model
+from specdec.policy import CostModel, PolicyConfig, StepBudget
+from specdec.policy.pools import SpeculationPolicy
+from specdec.sampling.logits import probs_from_logits
+from specdec.sampling.rejection import verify_ragged
+from specdec.sampling_params import SamplingParams
+
+PROMPTS = ["def add(a, b):\n    return a + b\n\nclass Cache:", "The quick brown fox jumps over",
+           "class Cache:\n    def rollback(self, n):", "你好，世界！ Speculative decoding drafts tokens.",
+           "def add(a, b):", "The lazy dog. The quick", "Cache rollback length", "brown fox 你好"]
+
+
+def _policy():
+    cost = CostModel(draft_step=0.2, verify=[1.0] * 9, verify_large=[[16, 1.2], [72, 3.0]])
+    return SpeculationPolicy(cost, PolicyConfig(k_max=4, max_load=100), ("ngram", "draft"))
+
+
+def _engine(target, draft=None, **sched):
+    return LLMEngine(target.model, target.tokenizer, None if draft is None else draft.model,
+                     SchedulerConfig(**sched), policy_factory=_policy)
+
+
+def _drain(engine, seqs, record=None):
+    while not all(s.finished for s in seqs):
+        outs = engine.step()
+        assert all(o.error is None for o in outs), [o.error for o in outs]
+        if record is not None:
+            record.append(engine.last_step)
+    return [list(s.output_ids) for s in seqs]
+
+
+def _greedy(n=24):
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def pair(request, tiny_dirs, tmp_path_factory):
+    import os
+
+    os.environ["SPECDEC_CACHE"] = str(tmp_path_factory.getbasetemp() / "specdec-cache")
+    target = load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
+    # the target as its own draft: drafts are accepted, so batches carry real multi-row verifications
+    return target, load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
+
+
+def test_greedy_alone_equals_inside_a_mixed_batch(pair):
+    target, draft = pair
+    ids = [target.tokenizer.encode(p) for p in PROMPTS]
+    alone = []
+    for i, p in enumerate(ids):
+        engine = _engine(target, draft)
+        alone.append(_drain(engine, [engine.add_request(f"a{i}", p, _greedy())])[0])
+    engine = _engine(target, draft, max_num_seqs=8)
+    specs = ["none", SpeculativeConfig("ngram", 3), SpeculativeConfig("draft", 2), "auto",
+             SpeculativeConfig("draft", 4), "none", SpeculativeConfig("ngram", 5), "auto"]
+    seqs = []
+    for i, (p, s) in enumerate(zip(ids, specs)):
+        spec = SpeculativeConfig(s) if isinstance(s, str) else s
+        seqs.append(engine.add_request(f"g{i}", p, _greedy(), spec))
+        # a sampled neighbour beside every greedy request
+        engine.add_request(f"s{i}", p, SamplingParams(max_tokens=24, temperature=1.0, seed=i), spec)
+    steps = []
+    batched = _drain(engine, seqs, steps)
+    assert batched == alone
+    assert max(s.num_seqs for s in steps) >= 8          # they really shared forwards
+    assert any(s.num_draft_tokens > 0 and s.num_seqs > 1 for s in steps)
+    drafted = {s.request_id: s.stats.draft_tokens for s in seqs}
+    assert drafted["g2"] > 0 and drafted["g1"] >= 0 and drafted["g0"] == 0
+    while engine.has_unfinished():                       # the sampled neighbours finish too
+        assert all(o.error is None for o in engine.step())
+    assert engine.kv.allocated == 0 and engine.draft.kv.allocated == 0
+
+
+def test_sampled_rows_inside_a_batch_equal_rows_verified_alone():
+    """verify_ragged hands each sampled sequence its own generator: a row's draws do not depend on its neighbours
+    (the same sequence verified alone, with the same seed, gives the same tokens)."""
+    V = 24
+    g = torch.Generator().manual_seed(0)
+    logits = [torch.randn(k + 1, V, generator=g) for k in (3, 0, 2, 4)]
+    params = [SamplingParams(temperature=0.9, top_k=10), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.2, top_p=0.8), SamplingParams(temperature=0.0)]
+    drafts = [torch.randint(V, (k,), generator=g) for k in (3, 0, 2, 4)]
+    qs = [torch.softmax(torch.randn(3, V, generator=g), -1), None, None, None]
+    for seed in range(50):
+        gens = [torch.Generator().manual_seed(seed * 10 + i) for i in range(4)]
+        batch = verify_ragged(logits, drafts, qs, params, gens)
+        for i in (0, 2):
+            p = params[i]
+            alone = verify_ragged([logits[i]], [drafts[i]], [qs[i]], [p], [torch.Generator().manual_seed(seed * 10 + i)])
+            assert batch[i] == alone[0]
+            assert 0 <= batch[i][0] <= len(drafts[i]) and len(batch[i][1]) == batch[i][0] + 1
+            allowed = probs_from_logits(logits[i], p.temperature, p.top_k, p.top_p, p.min_p)[batch[i][0]] > 0
+            assert bool(allowed[batch[i][1][-1]]) or batch[i][0] < len(drafts[i])
+        for i in (1, 3):                                 # greedy rows: argmax, accepted while equal
+            am = logits[i].argmax(-1).tolist()
+            n = next((j for j, (d, a) in enumerate(zip(drafts[i].tolist(), am)) if d != a), len(drafts[i]))
+            assert batch[i] == (n, am[: n + 1])
+
+
+def test_sampled_batch_is_exact_statistically():
+    """200k draws of position 1 through verify_ragged, 1000 sequences per call mixed with greedy rows, against the
+    target's distribution; a sampler that ignores q (always accepts the draft) must fail the same bound."""
+    V, calls, per_call = 16, 200, 1000
+    g = torch.Generator().manual_seed(1)
+    target_logits = torch.randn(V, generator=g) * 1.5
+    draft_probs = torch.softmax(target_logits + torch.randn(V, generator=g), -1)
+    p = SamplingParams(temperature=1.0)
+    p_target = torch.softmax(target_logits, -1)
+    counts = torch.zeros(V)
+    bad = torch.zeros(V)
+    for c in range(calls):
+        draws = torch.multinomial(draft_probs, per_call, replacement=True, generator=g)
+        logits = [target_logits[None].repeat(2, 1)] * per_call + [target_logits[None]]
+        drafts = [draws[i: i + 1] for i in range(per_call)] + [torch.empty(0, dtype=torch.long)]
+        qs = [draft_probs[None]] * per_call + [None]
+        params = [p] * per_call + [SamplingParams(temperature=0.0)]
+        gens = [torch.Generator().manual_seed(c * per_call + i) for i in range(per_call)] + [None]
+        for n, emitted in verify_ragged(logits, drafts, qs, params, gens)[:per_call]:
+            counts[emitted[0]] += 1
+        bad += torch.bincount(draws, minlength=V)      # the negative control: the draft's tokens, all accepted
+    tv = 0.5 * (counts / counts.sum() - p_target).abs().sum().item()
+    tv_bad = 0.5 * (bad / bad.sum() - p_target).abs().sum().item()
+    assert tv < 0.015, tv
+    assert tv_bad > 0.015, tv_bad
+
+
+def test_abort_mid_batch_frees_kv_and_draft_state(pair):
+    target, draft = pair
+    engine = _engine(target, draft)
+    ids = [target.tokenizer.encode(p) for p in PROMPTS[:4]]
+    seqs = [engine.add_request(f"r{i}", p, _greedy(40), SpeculativeConfig("draft", 3)) for i, p in enumerate(ids)]
+    for _ in range(3):
+        engine.step()
+    assert engine.kv.num_seqs == 4 and engine.draft.kv.num_seqs == 4
+    victim = seqs[1]
+    assert engine.abort("r1") is victim
+    assert victim.seq_id not in engine.kv.caches and victim.seq_id not in engine.draft.kv.caches
+    others = _drain(engine, [s for s in seqs if s is not victim])
+    assert all(len(o) == 40 for o in others)
+    assert engine.kv.allocated == 0 and engine.draft.kv.allocated == 0
+    assert engine.abort("r1") is None                   # aborting twice is harmless
+
+
+def test_more_requests_than_kv_capacity_wait_or_are_preempted_and_all_finish(pair):
+    target, draft = pair
+    ids = [target.tokenizer.encode(p) for p in PROMPTS]
+    alone = []
+    for i, p in enumerate(ids):
+        engine = _engine(target)
+        alone.append(_drain(engine, [engine.add_request(f"a{i}", p, _greedy(40))])[0])
+    block = target.model.key_block
+    # room for about two whole requests: admission makes the rest wait, growth preempts the newest
+    engine = _engine(target, max_total_tokens=max(2 * 64, 4 * block) + 2 * block, max_num_seqs=8)
+    seqs = [engine.add_request(f"r{i}", p, _greedy(40), SpeculativeConfig("ngram", 2)) for i, p in enumerate(ids)]
+    waited, preempted = False, 0
+    while not all(s.finished for s in seqs):
+        batch_waiting = engine.num_waiting
+        outs = engine.step()
+        assert all(o.error is None for o in outs)
+        waited |= batch_waiting > 0 and engine.num_running > 0
+        assert engine.kv.allocated <= engine.kv.max_total_tokens
+        preempted += sum(1 for s in seqs if not s.finished and s.num_computed == 0 and s.output_ids)
+    assert waited and preempted > 0
+    assert [list(s.output_ids) for s in seqs] == alone
+
+
+def test_a_request_larger_than_the_kv_budget_is_refused(pair):
+    from specdec.errors import SpecDecError
+
+    target, _ = pair
+    engine = _engine(target, max_total_tokens=128)
+    with pytest.raises(SpecDecError, match="KV"):
+        engine.add_request("big", target.tokenizer.encode(PROMPTS[0]), _greedy(200))
+
+
+def test_long_prompt_prefills_in_chunks_and_aborts_between_them(pair):
+    target, _ = pair
+    engine = _engine(target, max_num_batched_tokens=16, max_num_seqs=2)
+    ids = (target.tokenizer.encode(PROMPTS[0] * 4) * 2)[:150]
+    seq = engine.add_request("long", ids, _greedy(4))
+    engine.step()
+    assert seq.num_computed == 16 and engine.last_step.num_prefill_tokens == 16
+    engine.step()
+    assert seq.num_computed == 32
+    engine.abort("long")
+    assert engine.kv.allocated == 0 and not engine.has_unfinished()
+    engine.step()                                        # an empty step is harmless
+
+
+def test_generators_live_on_the_model_device(pair, monkeypatch):
+    """Sampling a request on CUDA needs its generator there (torch.rand(..., generator=cpu_gen, device=cuda)
+    fails): the sequence's generator is created on the engine's device."""
+    import specdec.engine.sequence as sequence_mod
+
+    target, _ = pair
+    made = []
+
+    class FakeGenerator:
+        def __init__(self, device="cpu"):
+            made.append(torch.device(device))
+
+        def manual_seed(self, seed):
+            return self
+
+    engine = _engine(target)
+    engine.device = torch.device("cuda")                 # pretend: nothing runs, only the sequence is made
+    monkeypatch.setattr(sequence_mod.torch, "Generator", FakeGenerator)
+    engine.add_request("x", target.tokenizer.encode(PROMPTS[1]), SamplingParams(temperature=1.0, seed=3))
+    assert made == [torch.device("cuda")]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sampled_batch_on_cuda(tiny_dirs):
+    target = load_model(str(tiny_dirs["target"]), dtype="float32", device="cuda", progress=False)
+    engine = LLMEngine(target.model, target.tokenizer, target.model, SchedulerConfig())
+    ids = target.tokenizer.encode(PROMPTS[0])
+    seqs = [engine.add_request(f"c{i}", ids, SamplingParams(max_tokens=16, temperature=0.8, seed=i),
+                               SpeculativeConfig("draft", 3)) for i in range(4)]
+    seqs.append(engine.add_request("g", ids, _greedy(16), SpeculativeConfig("ngram", 3)))
+    _drain(engine, seqs)
+    assert all(s.generator.device.type == "cuda" for s in seqs)
+    assert all(len(s.output_ids) == 16 for s in seqs)
+
+
+def test_batch_aware_k_falls_as_rows_stop_being_free():
+    cost = CostModel(draft_step=0.3, verify=[1.0, 1.0, 1.0, 1.0, 1.0, 1.02], verify_large=[[8, 1.3], [16, 2.2]])
+    alone = StepBudget(cost).best("draft", 0.8, 4)[0]
+    full = StepBudget(cost, rows=8, tokens=8.0).best("draft", 0.8, 4)[0]
+    assert alone >= 3 and full == 0
+    # lookup (no draft cost) still pays a little longer than the draft does
+    assert StepBudget(cost, rows=4, tokens=4.0).best("ngram", 0.8, 4)[0] >= \
+        StepBudget(cost, rows=4, tokens=4.0).best("draft", 0.8, 4)[0]
