@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="auto: running + waiting requests above this decode plainly")
     sv.add_argument("--spec-min-acceptance", type=float, default=0.4,
                     help="auto: a pool whose windowed acceptance falls below this falls back to plain decoding")
+    sv.add_argument("--max-num-seqs", type=int, default=8,
+                    help="sequences decoded together in one forward (continuous batching)")
+    sv.add_argument("--max-num-batched-tokens", type=int, default=512,
+                    help="prompt-chunk + decode rows per engine step (long prompts are prefilled in chunks)")
+    sv.add_argument("--max-total-tokens", type=int, default=None,
+                    help="KV positions of all sequences together (default 65536; allocated as sequences grow)")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--max-queued", type=int, default=64, help="requests waiting beyond this get 429")
@@ -83,15 +89,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
-    bd = bsub.add_parser("decode", help="decode speed per method and k on the built-in prompts")
-    _add_model_args(bd)
-    bd.add_argument("--methods", default="none,ngram,draft", help="comma-separated: none,ngram,draft")
-    bd.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
-    bd.add_argument("--categories", default=None, help="comma-separated built-in categories (default: all)")
-    bd.add_argument("--max-tokens", type=int, default=128)
-    _add_proposer_args(bd)
-    bd.add_argument("--out", default=None, help="write results JSON here")
-
     bo = bsub.add_parser("offline", help="A/B evaluation on real prompts: results.json, report.md, plots")
     _add_model_args(bo)
     bo.add_argument("--prompts", default="builtin", help="builtin | sharegpt[:N] | a JSONL file of {messages, category}")
@@ -164,7 +161,7 @@ def cmd_generate(args) -> int:
     stats = final.stats
     record = {"target": llm.target.name, "draft": llm.draft.name if llm.draft else None, **stats.to_dict()}
     if args.compare:
-        base = llm.generate(prompt, params, chat=not args.no_chat, engine=llm.make_engine(SpeculativeConfig("none")))[0]
+        base = llm.generate(prompt, params, chat=not args.no_chat, spec="none")[0]
         record["baseline"] = base.stats.to_dict()
         record["parity"] = token_ids == base.token_ids
         record["speedup"] = (stats.decode_tok_s / base.stats.decode_tok_s) if base.stats.decode_tok_s else None
@@ -220,31 +217,9 @@ def cmd_bench_serve(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench.decode import format_table, run_decode_bench
-    from .config import METHODS
-
     if args.bench_command == "offline":
         return cmd_bench_offline(args)
-    if args.bench_command == "serve":
-        return cmd_bench_serve(args)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise SpecDecError(f"unknown method '{bad[0]}' (choose from: {', '.join(METHODS)})")
-    try:
-        ks = [int(k) for k in args.k.split(",")]
-    except ValueError:
-        raise SpecDecError(f"--k takes comma-separated integers, got '{args.k}'") from None
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    result = run_decode_bench(args.target, args.draft, methods, ks,
-                              args.categories.split(",") if args.categories else None, args.max_tokens,
-                              args.dtype, args.out, draft_quantization=args.draft_quantization,
-                              prompt_lookup=(args.prompt_lookup_max, args.prompt_lookup_min))
-    print(format_table(result))
-    return 0
+    return cmd_bench_serve(args)
 
 
 def _summary(s) -> str:

@@ -60,12 +60,21 @@ class LLM:
         return self.engine.max_model_len
 
     # -- method "auto": the policy picks none / ngram / draft and k per request and per step ----------------
-    def policy(self, cfg: PolicyConfig | None = None, cost: CostModel | None = None) -> SpeculationPolicy:
+    @property
+    def policy_created(self) -> bool:
+        return self._policy is not None
+
+    def policy_status(self) -> dict | None:
+        """The policy's cost model and pools, or None when no request has used method auto yet."""
+        return self._policy.status() if self._policy is not None else None
+
+    def policy(self, cfg: PolicyConfig | None = None, cost: CostModel | None = None,
+               available: tuple[str, ...] | None = None) -> SpeculationPolicy:
         """The speculation policy (created on first use; its cost model is measured once per machine and cached)."""
         if self._policy is None:
             cfg = cfg or PolicyConfig(k_max=self.speculative.num_speculative_tokens
                                       if self.speculative.method == "auto" else DEFAULT_K["auto"])
-            available = ("ngram", "draft") if self.draft is not None else ("ngram",)
+            available = available or (("ngram", "draft") if self.draft is not None else ("ngram",))
             self._policy = SpeculationPolicy(cost or self.cost_model(cfg.k_max), cfg, available)
         return self._policy
 

@@ -14,13 +14,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(llm, spec, max_queued: int = 16, api_key: str | None = None, name: str = "tiny"):
+def running_server(llm, spec, max_queued: int = 16, api_key: str | None = None, name: str = "tiny",
+                   max_num_seqs: int | None = None):
     import uvicorn
 
     from specdec.server.app import ServerState, create_app
     from specdec.server.async_engine import AsyncEngine
     from specdec.server.metrics import ServerMetrics
 
+    old_max = llm.engine.sched_cfg.max_num_seqs
+    if max_num_seqs is not None:            # the scheduler reads its config at every step
+        llm.engine.sched_cfg.max_num_seqs = max_num_seqs
     engine = AsyncEngine(llm, spec, max_queued, ServerMetrics(name), log_interval_s=0.5)
     state = ServerState(llm, engine, name, api_key=api_key, drain_timeout_s=5)
     port = free_port()
@@ -37,3 +41,4 @@ def running_server(llm, spec, max_queued: int = 16, api_key: str | None = None, 
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+        llm.engine.sched_cfg.max_num_seqs = old_max

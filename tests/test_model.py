@@ -1,7 +1,33 @@
-"""Our Qwen2 forward vs the transformers reference; KV cache rollback; multi-token forward."""
+"""Our Qwen2 forward vs the transformers reference; KV cache truncation; multi-token and multi-sequence forwards."""
+import pytest
 import torch
 
+from specdec.engine.kv_manager import KVManager
 from specdec.models.loader import load_model
+from specdec.models.runner import Span, forward_once, forward_spans
+
+
+class _Cache:
+    """One sequence's cache through the KV manager, as the engine uses it."""
+
+    def __init__(self, model, seq_id=0, manager=None):
+        self.model, self.id = model, seq_id
+        self.mgr = manager or KVManager(model, 4096)
+
+    @property
+    def kv(self):
+        return self.mgr.get(self.id)
+
+    @property
+    def length(self):
+        return self.kv.length
+
+    def rollback(self, n):
+        self.mgr.truncate(self.id, n)
+
+    def span(self, tokens):
+        kv = self.mgr.ensure(self.id, self.kv.length + len(tokens))
+        return Span(kv, kv.length, list(tokens), "all")
 
 
 def _hf_logits(directory, ids):
@@ -15,8 +41,7 @@ def _hf_logits(directory, ids):
 def test_logits_match_transformers_tiny(tiny_dirs, tiny_models):
     target, _ = tiny_models
     ids = target.tokenizer.encode("def add(a, b):\n    return a + b  你好")
-    cache = target.model.new_kv_cache(64)
-    ours = target.model.compute_logits(target.model(torch.tensor([ids]), torch.arange(len(ids))[None], cache))[0]
+    ours = forward_once(target.model, ids)
     ref = _hf_logits(tiny_dirs["target"], ids)
     assert ours.shape == ref.shape
     assert (ours - ref).abs().max().item() <= 1e-4
@@ -26,42 +51,42 @@ def test_logits_match_transformers_unpacked(tiny_dirs):
     # the plain nn.Linear path (used on CUDA) must agree too
     lm = load_model(str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False, pack=False)
     ids = lm.tokenizer.encode("The quick brown fox")
-    ours = lm.model.compute_logits(lm.model(torch.tensor([ids]), torch.arange(len(ids))[None],
-                                            lm.model.new_kv_cache(32)))[0]
+    ours = forward_once(lm.model, ids)
     assert (ours - _hf_logits(tiny_dirs["target"], ids)).abs().max().item() <= 1e-4
 
 
 def _step(model, cache, tokens):
-    pos = torch.arange(cache.length, cache.length + len(tokens))[None]
-    return model.compute_logits(model(torch.tensor([tokens]), pos, cache))[0]
+    span = cache.span(tokens)
+    logits = forward_spans(model, [span])[0]
+    cache.mgr.commit(cache.id, span.start + len(tokens))
+    return logits
 
 
 def test_rollback_regenerates_identical_logits_without_copying(tiny_models):
     model = tiny_models[0].model
-    cache = model.new_kv_cache(64)
+    cache = _Cache(model)
     prompt = [5, 17, 42, 8, 99, 3]
     _step(model, cache, prompt)
     first = _step(model, cache, [7, 11, 13])
     assert cache.length == len(prompt) + 3
-    k_ptr, v_ptr, k_version = cache.k.data_ptr(), cache.v.data_ptr(), cache.k._version
+    kv = cache.kv
+    k_ptr, v_ptr, k_version = kv.k.data_ptr(), kv.v.data_ptr(), kv.k._version
     cache.rollback(len(prompt))
     assert cache.length == len(prompt)
     # rollback moved the length only: same storage, no write to it
-    assert (cache.k.data_ptr(), cache.v.data_ptr(), cache.k._version) == (k_ptr, v_ptr, k_version)
+    assert (kv.k.data_ptr(), kv.v.data_ptr(), kv.k._version) == (k_ptr, v_ptr, k_version)
     again = _step(model, cache, [7, 11, 13])
     assert torch.equal(first, again)
     # a different continuation after rollback must not see the stale entries
     cache.rollback(len(prompt))
     other = _step(model, cache, [21, 11, 13])
-    fresh = model.new_kv_cache(64)
+    fresh = _Cache(model)
     _step(model, fresh, prompt)
     assert torch.allclose(other, _step(model, fresh, [21, 11, 13]), atol=1e-5)
 
 
 def test_rollback_rejects_bad_lengths(tiny_models):
-    import pytest
-
-    cache = tiny_models[0].model.new_kv_cache(16)
+    cache = _Cache(tiny_models[0].model)
     _step(tiny_models[0].model, cache, [1, 2, 3])
     with pytest.raises(ValueError):
         cache.rollback(4)
@@ -72,12 +97,12 @@ def test_rollback_rejects_bad_lengths(tiny_models):
 def test_multi_token_forward_equals_one_at_a_time(tiny_models):
     model = tiny_models[0].model
     tokens = [5, 17, 42, 8, 99, 3, 61, 2]
-    batched = _step(model, model.new_kv_cache(32), tokens)
-    cache = model.new_kv_cache(32)
+    batched = _step(model, _Cache(model), tokens)
+    cache = _Cache(model)
     single = torch.cat([_step(model, cache, [t]) for t in tokens])
     assert torch.allclose(batched, single, atol=1e-4)
     # and a multi-token forward on top of an existing prefix (what verification does)
-    cache = model.new_kv_cache(32)
+    cache = _Cache(model)
     _step(model, cache, tokens[:3])
     assert torch.allclose(_step(model, cache, tokens[3:]), batched[3:], atol=1e-4)
 
@@ -91,9 +116,48 @@ def test_bf16_verification_forward_is_bit_identical_to_one_token_steps(tiny_dirs
     for prefix_len in (5, 40, 61, 62, 63, 64, 100):
         prefix = torch.randint(0, 300, (prefix_len,)).tolist()
         tokens = torch.randint(0, 300, (9,)).tolist()
-        cache = model.new_kv_cache(256)
+        cache = _Cache(model)
         _step(model, cache, prefix)
         single = torch.cat([_step(model, cache, [t]) for t in tokens])
         for T in range(2, 10):
             cache.rollback(prefix_len)
             assert torch.equal(_step(model, cache, tokens[:T]), single[:T]), (prefix_len, T)
+
+
+def test_cache_grows_on_demand_keeping_its_contents(tiny_models):
+    model = tiny_models[0].model
+    mgr = KVManager(model, 64)
+    cache = _Cache(model, manager=mgr)
+    first = _step(model, cache, [5, 17, 42])
+    assert cache.kv.capacity < 64 and mgr.allocated == cache.kv.capacity
+    logits = [_step(model, cache, [t]) for t in range(1, 30)]       # grows (doubling) as it goes
+    cache.rollback(3)
+    assert torch.equal(_step(model, cache, [1]), logits[0])           # the prefix survived every resize
+    from specdec.engine.kv_manager import KVCapacityError
+    with pytest.raises(KVCapacityError):
+        mgr.ensure(0, 65)
+    mgr.free_seq(0)
+    assert mgr.allocated == 0 and first.shape[0] == 3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sequences_sharing_a_forward_get_their_own_rows_bit_identically(tiny_dirs, dtype):
+    """Rows of one sequence do not depend on what else is in the forward: prefill chunks, plain steps and
+    verification rows of other sequences beside it (the engine's batch invariance, at the model level)."""
+    lm = load_model(str(tiny_dirs["target"]), dtype=dtype, device="cpu", progress=False)
+    model = lm.model
+    torch.manual_seed(1)
+    prefixes = [torch.randint(0, 300, (n,)).tolist() for n in (7, 30, 64, 3)]
+    news = [torch.randint(0, 300, (n,)).tolist() for n in (1, 5, 9, 40)]
+    alone = []
+    for p, t in zip(prefixes, news):
+        c = _Cache(model)
+        _step(model, c, p)
+        alone.append(_step(model, c, t))
+    mgr = KVManager(model, 4096)
+    caches = [_Cache(model, i, mgr) for i in range(4)]
+    for c, p in zip(caches, prefixes):
+        _step(model, c, p)
+    together = forward_spans(model, [c.span(t) for c, t in zip(caches, news)])
+    for a, b in zip(alone, together):
+        assert torch.equal(a, b)

@@ -178,30 +178,33 @@ def test_pool_with_useless_draft_falls_back_keeps_parity_and_recovers(tiny_dirs)
     llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
               speculative=SpeculativeConfig(method="auto"), progress=False)
     cost = CostModel(draft_step=0.1, verify=[1.0] * 9)       # speculation looks cheap: only acceptance decides
-    llm._policy = SpeculationPolicy(cost, PolicyConfig(probe_fraction=0.5), ("draft",))
+    llm.policy(PolicyConfig(probe_fraction=0.5), cost, available=("draft",))
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     prompts = [llm.encode(p) for p in ["def add(a, b):", "class Cache:", "The quick brown fox", "你好，世界"]]
-    plain = {tuple(p): llm.make_engine(SpeculativeConfig("none")).generate(p, params).token_ids for p in prompts}
+    plain = {tuple(p): llm.generate(p, params, spec="none")[0].token_ids for p in prompts}
     pool = llm.policy().pool("p")
     methods = []
     for i in range(8):
         ids = prompts[i % len(prompts)]
-        out = llm.generate_auto(ids, params, f"bad-{i}", pool="p")
+        out = llm.generate(ids, params, spec="auto", pool="p", request_id=f"bad-{i}")[0]
         assert out.token_ids == plain[tuple(ids)]
         methods.append(out.stats.method)
         if not pool.enabled:
             break
     assert not pool.enabled and methods[0] == "draft"
     # a good draft returns (the target drafting for itself: acceptance 1)
-    llm._auto_engines["spec"].proposer.model = llm.target.model
+    from specdec.engine.kv_manager import KVManager
+    from specdec.proposers import DraftModelProposer
+
+    llm.engine.draft = DraftModelProposer(llm.target.model, llm.tokenizer.vocab_size, KVManager(llm.target.model, 4096))
     for i in range(40):
         ids = prompts[i % len(prompts)]
-        out = llm.generate_auto(ids, params, f"good-{i}", pool="p")
+        out = llm.generate(ids, params, spec="auto", pool="p", request_id=f"good-{i}")[0]
         assert out.token_ids == plain[tuple(ids)]
         if pool.enabled:
             break
     assert pool.enabled
-    out = llm.generate_auto(prompts[0], params, "after", pool="p")
+    out = llm.generate(prompts[0], params, spec="auto", pool="p", request_id="after")[0]
     assert out.stats.method == "draft" and out.stats.acceptance_rate == 1.0 and "draft k=" in out.stats.policy_reason
 
 

@@ -45,12 +45,11 @@ def llm_fp32():
 
 def test_real_pair_greedy_parity_fp32(llm_fp32):
     params = SamplingParams(max_tokens=64, temperature=0.0)
-    engines = {m: llm_fp32.make_engine(SpeculativeConfig(method=m)) for m in ("ngram", "draft")}
     for prompt in PROMPTS:
-        base = llm_fp32.generate(prompt, params, engine=llm_fp32.make_engine(SpeculativeConfig("none")))[0]
+        base = llm_fp32.generate(prompt, params, spec="none")[0]
         assert base.stats.completion_tokens > 10
-        for method, engine in engines.items():
-            out = llm_fp32.generate(prompt, params, engine=engine)[0]
+        for method in ("ngram", "draft"):
+            out = llm_fp32.generate(prompt, params, spec=method)[0]
             assert out.token_ids == base.token_ids, (method, prompt)
             assert out.text == base.text
         # the real draft agrees with the target most of the time on code
@@ -63,7 +62,18 @@ def test_real_pair_greedy_parity_bf16():
     params = SamplingParams(max_tokens=64, temperature=0.0)
     prompts = PROMPTS + ["Write a short story about a lighthouse keeper.", "用中文介绍一下你最喜欢的季节。"]
     for prompt in prompts:
-        base = llm.generate(prompt, params, engine=llm.make_engine(SpeculativeConfig("none")))[0]
+        base = llm.generate(prompt, params, spec="none")[0]
         for method in ("ngram", "draft"):
-            out = llm.generate(prompt, params, engine=llm.make_engine(SpeculativeConfig(method)))[0]
+            out = llm.generate(prompt, params, spec=method)[0]
             assert out.token_ids == base.token_ids, (method, prompt)
+    # all of them at once, methods mixed: each output equals its run alone (bf16 rows are batch-invariant)
+    specs = [SpeculativeConfig(m) for m in ("none", "ngram", "draft")] * 3
+    alone = [llm.generate(p, params, spec=s)[0].token_ids for p, s in zip(prompts, specs)]
+    seqs = [llm.engine.add_request(f"batch-{i}", llm.encode(p), params, s)
+            for i, (p, s) in enumerate(zip(prompts, specs))]
+    widest = 0
+    while llm.engine.has_unfinished():
+        assert all(o.error is None for o in llm.engine.step())
+        widest = max(widest, llm.engine.last_step.num_seqs)
+    assert widest >= 2
+    assert [list(s.output_ids) for s in seqs] == alone

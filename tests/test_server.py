@@ -164,9 +164,29 @@ def test_context_window_400_before_generation(server):
     assert _metric(url, "specdec:request_success_total") == before
 
 
-def test_concurrent_greedy_equals_alone(client):
+def _slow_steps(monkeypatch, delay=0.01):
+    """Tiny models step in about a millisecond: slow each step so requests overlap and clients can leave in time."""
+    from specdec.engine import LLMEngine
+
+    real_step = LLMEngine.step
+
+    def slow_step(self):
+        time.sleep(delay)
+        return real_step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", slow_step)
+
+
+def _hist(url: str, name: str) -> tuple[float, float]:
+    """(observations <= 1, all observations) of a histogram."""
+    return _metric(url, name + "_bucket", 'le="1.0"'), _metric(url, name + "_count")
+
+
+def test_concurrent_greedy_equals_alone(server, client, monkeypatch):
     prompts = ["def add(a, b):", CJK, "class Cache:", "The lazy dog"]
     alone = [_chat(client, p, max_tokens=20).choices[0].message.content for p in prompts]
+    _slow_steps(monkeypatch)
+    single_before, steps_before = _hist(server[0], "specdec:iteration_num_seqs")
 
     async def together():
         from openai import AsyncOpenAI
@@ -177,6 +197,9 @@ def test_concurrent_greedy_equals_alone(client):
         return [r.choices[0].message.content for r in rs]
 
     assert asyncio.run(together()) == alone
+    single, steps = _hist(server[0], "specdec:iteration_num_seqs")
+    # some forwards carried two or more of the requests (continuous batching), and output did not change
+    assert steps - steps_before > single - single_before
 
 
 def test_metrics_move(server, client, caplog):
@@ -205,16 +228,16 @@ def test_metrics_move(server, client, caplog):
     assert "throughput" in line
 
 
-def test_disconnect_mid_stream_and_while_queued_aborts(server, client, monkeypatch):
-    from specdec.engine.engine import Engine
+def test_disconnect_mid_stream_and_while_queued_aborts(llm, monkeypatch):
+    _slow_steps(monkeypatch)
+    with running_server(llm, SpeculativeConfig(method="draft", num_speculative_tokens=3), max_num_seqs=1) as srv:
+        _disconnects(srv, llm)
 
-    real_step = Engine._decode_step
 
-    def slow_step(self, seq, cache):          # tiny models are too fast to disconnect from in time
-        time.sleep(0.01)
-        return real_step(self, seq, cache)
+def _disconnects(server, llm):
+    from openai import OpenAI
 
-    monkeypatch.setattr(Engine, "_decode_step", slow_step)
+    client = OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0)
     url, state = server
     aborted = _metric(url, "specdec:request_aborted_total")
     long_body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 200, "ignore_eos": True,
@@ -248,8 +271,8 @@ def test_disconnect_mid_stream_and_while_queued_aborts(server, client, monkeypat
         time.sleep(0.05)
     assert _metric(url, "specdec:request_aborted_total") == aborted + 2
     assert state.engine.num_running == 0 and state.engine.num_waiting == 0
-    # no draft cache left behind by the aborted requests
-    assert all(not e.proposer.caches for e in state.engine._engines.values() if hasattr(e.proposer, "caches"))
+    # no KV or draft cache left behind by the aborted requests
+    assert llm.engine.kv.num_seqs == 0 and llm.engine.draft.kv.num_seqs == 0
     # the server goes on
     assert _chat(client, "still there?", max_tokens=5).usage.completion_tokens >= 1
 
@@ -279,16 +302,16 @@ def test_burst_beyond_queue_gets_429(llm):
 
 
 def test_failing_request_does_not_take_down_others(llm, monkeypatch):
-    from specdec.engine.engine import Engine
+    from specdec.engine import LLMEngine
 
-    real = Engine._decode_step
+    real = LLMEngine._commit
 
-    def flaky(self, seq, cache):
+    def flaky(self, seq, *args):                 # a fault in one sequence's part of a step
         if 7 in seq.prompt_ids and len(seq.output_ids) > 2:
             raise RuntimeError("injected fault")
-        return real(self, seq, cache)
+        return real(self, seq, *args)
 
-    monkeypatch.setattr(Engine, "_decode_step", flaky)
+    monkeypatch.setattr(LLMEngine, "_commit", flaky)
     with running_server(llm, SpeculativeConfig(method="none")) as (url, state):
         bad = _post(url, {"prompt": [7, 8, 9], "max_tokens": 20, "ignore_eos": True}, path="/v1/completions")
         assert bad.status_code == 500 and "injected fault" in bad.json()["error"]["message"]

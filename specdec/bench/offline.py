@@ -21,7 +21,6 @@ from ..metrics.stats import peak_rss_mb
 from ..sampling_params import SamplingParams
 from ..utils import write_json_atomic, write_text_atomic
 from .datasets import load_prompts
-from .decode import divergence_margin
 from .summary import summarize
 
 RUN_FIELDS = ("method", "k", "temperature", "repeat", "prompt_index", "category", "seed", "prompt_tokens",
@@ -138,24 +137,20 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
 
         llm.policy(PolicyConfig(k_max=max(cfg.ks)))          # measures (or reads) the cost model before timing
     load_s = time.perf_counter() - t0
-    engines = {(m, k): llm.make_engine(SpeculativeConfig(method=m, num_speculative_tokens=k or None,
-                                                         prompt_lookup_max=cfg.prompt_lookup_max,
-                                                         prompt_lookup_min=cfg.prompt_lookup_min))
-               for m, k in cfg.configs()}
+    specs = {(m, k): SpeculativeConfig(method=m, num_speculative_tokens=k or (max(cfg.ks) if m == "auto" else None),
+                                       prompt_lookup_max=cfg.prompt_lookup_max, prompt_lookup_min=cfg.prompt_lookup_min)
+             for m, k in cfg.configs()}
     prompt_ids = [llm.encode(p["messages"]) for p in prompts]
     draft_kv_per_token = llm.draft.model.config.kv_bytes_per_token * (4 if cfg.dtype == "float32" else 2) // 2 \
         if llm.draft is not None else 0
 
     warm = SamplingParams(max_tokens=4, temperature=0.0)
-    for (m, _), engine in engines.items():
-        if m == "auto":       # warm the engines auto may pick, without teaching its pools anything
-            for sub in ("none", "ngram", "draft"):
-                if sub == "none" or sub in llm.policy().available:
-                    llm.make_engine(SpeculativeConfig(method=sub)).generate(prompt_ids[0], warm)
-        else:
-            engine.generate(prompt_ids[0], warm)
+    for m in dict.fromkeys(m for m, _ in cfg.configs()):
+        # auto: warm the methods it may pick, without teaching its pools anything
+        for sub in (("none", *llm.policy().available) if m == "auto" else (m,)):
+            llm.generate(prompt_ids[0], warm, spec=SpeculativeConfig(method=sub))
 
-    total = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(engines)
+    total = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(specs)
     runs: list[dict] = []
     bar = tqdm(total=total, desc="bench offline", unit="run", disable=not cfg.progress)
     for i, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
@@ -163,16 +158,16 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
             seed = cfg.seed + 1000 * i + rep
             for temp in cfg.temperatures:
                 params = SamplingParams(max_tokens=cfg.max_tokens, temperature=temp, seed=seed)
-                for (m, k), engine in engines.items():
+                for (m, k), spec in specs.items():
                     run = {"method": m, "k": k, "temperature": temp, "repeat": rep, "prompt_index": i,
                            "category": prompt["category"], "seed": seed, "prompt_tokens": len(ids)}
                     try:
-                        if m == "auto":   # pool = category: the policy learns each category's acceptance
-                            o = engine.generate(ids, params, pool=prompt["category"], request_id=f"{i}-{rep}-{temp}")
+                        # pool = category: auto's policy learns each category's acceptance
+                        o = llm.generate(ids, params, spec=spec, pool=prompt["category"],
+                                         request_id=f"{i}-{rep}-{temp}")[0]
+                        if m == "auto":
                             run.update({"chosen_method": o.stats.method, "chosen_k": o.stats.num_speculative_tokens,
                                         "policy_reason": o.stats.policy_reason})
-                        else:
-                            o = engine.generate(ids, params)
                         run.update({f: v for f, v in o.stats.to_dict().items() if f in RUN_FIELDS and f not in run})
                         run["token_ids"] = o.token_ids
                         if m == "draft":
@@ -185,6 +180,8 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     peer_info = _run_peers(cfg, llm, prompts, prompt_ids, runs)
     _add_parity(llm, prompt_ids, runs)
     memory = {"target_weight_bytes": llm.target.weight_bytes,
+              # bytes a target forward streams: every weight but the embedding table (only rows are gathered)
+              "target_read_gb_per_forward": (llm.target.weight_bytes - llm.target.model.embed_tokens.weight.nbytes) / 1e9,
               "draft_weight_bytes": llm.draft.weight_bytes if llm.draft is not None else 0,
               "draft_kv_bytes_per_token": draft_kv_per_token, "peak_rss_mb": peak_rss_mb()}
     config = {**asdict(cfg), **({"policy": llm.policy().status()} if "auto" in cfg.methods else {}),
@@ -258,6 +255,20 @@ def _add_parity(llm, prompt_ids: list[list[int]], runs: list[dict]) -> None:
             # a near-tie in the target's logits (bf16 rounding) rather than a bug
             r["divergence_margin"] = divergence_margin(llm, prompt_ids[r["prompt_index"]], b["token_ids"],
                                                        r["token_ids"])
+
+
+def divergence_margin(llm, prompt_ids: list[int], base_ids: list[int], other_ids: list[int]) -> float | None:
+    """Target's top-2 logit margin at the first token where two outputs differ (None if identical).
+
+    A margin at the level of bf16 rounding says the divergence is a near-tie, not a bug.
+    """
+    from ..models.runner import forward_once
+
+    i = next((j for j, (a, b) in enumerate(zip(base_ids, other_ids)) if a != b), None)
+    if i is None:
+        return None
+    top2 = forward_once(llm.target.model, prompt_ids + base_ids[:i])[-1].topk(2).values
+    return float(top2[0] - top2[1])
 
 
 def write_outputs(result: dict, out: Path) -> None:

@@ -10,6 +10,7 @@ models/packed_linear.py and models/attn_metadata.py).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ class LLMEngine:
         self._policy = None
         self.seqs: dict[str, Sequence] = {}
         self.last_step = StepInfo()
+        self._stepping = threading.Lock()
 
     # -- requests ---------------------------------------------------------------------------------------------
     @property
@@ -141,6 +143,15 @@ class LLMEngine:
 
     # -- the step ---------------------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        """One forward for every scheduled sequence. One caller at a time (the server's engine thread, or `LLM`)."""
+        if not self._stepping.acquire(blocking=False):
+            raise RuntimeError("LLMEngine.step() called from two threads at once")
+        try:
+            return self._step()
+        finally:
+            self._stepping.release()
+
+    def _step(self) -> list[StepOutput]:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         for seq in batch.preempted:

@@ -20,7 +20,8 @@ from .sequence import Sequence
 class SchedulerConfig:
     max_num_seqs: int = 8                 # sequences in one forward at most (vLLM's name)
     max_num_batched_tokens: int = 512     # prompt-chunk + decode rows per step (drafts come on top)
-    max_total_tokens: int = 65536         # KV positions of all sequences together (SGLang's name)
+    max_total_tokens: int = 65536         # KV positions of all sequences together (SGLang's name); allocated as
+                                          # sequences grow, so the default costs nothing until requests use it
 
     def __post_init__(self):
         if self.max_num_seqs < 1:

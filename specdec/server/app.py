@@ -34,7 +34,7 @@ class ServerState:
 
     @property
     def max_model_len(self) -> int:
-        return self.llm.engine.max_model_len
+        return self.llm.max_model_len
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -83,7 +83,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        if state.engine.healthy and state.engine._thread is not None and state.engine._thread.is_alive():
+        if state.engine.alive:
             return {"status": "ok", "running": state.engine.num_running, "waiting": state.engine.num_waiting}
         return JSONResponse({"status": "unhealthy", "error": state.engine.last_error}, status_code=503)
 
@@ -94,12 +94,8 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/v1/speculative/status")
     async def speculative_status():
         spec = state.engine.default_spec
-        policy = state.llm._policy
-        if policy is not None:
-            policy.set_listener(state.engine.metrics.set_pool_enabled)
         return {"default": {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens},
-                "traffic_fraction": state.traffic_fraction,
-                "policy": policy.status() if policy is not None else None}
+                "traffic_fraction": state.traffic_fraction, "policy": state.llm.policy_status()}
 
     @app.get("/v1/models")
     async def models():

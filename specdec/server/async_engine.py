@@ -1,24 +1,23 @@
-"""The engine loop, apart from the event loop: a worker thread steps requests; HTTP handlers await them.
+"""The engine loop, apart from the event loop: a worker thread drives `LLMEngine.step()`; HTTP handlers await.
 
-- Admission: `try_admit()` reserves a slot in the bounded FIFO queue (fails fast when full, before any
-  tokenizing); `submit()` turns the reservation into a queued request.
-- The worker takes requests in FIFO order and drives each one's `Engine.run` generator one step (one target
-  forward) at a time, so an abort is seen within one step; `running` is a list so a batching scheduler can
-  later step several sequences per forward without changing this interface.
-- Each request gets its deltas through an asyncio queue fed with `call_soon_threadsafe`. An exception in one
-  request's step fails that request only.
+- Admission: `try_admit()` reserves a place (fails fast when the queue is full, before any tokenizing); `submit()`
+  turns the reservation into a request. A place is a free running slot (`max_num_seqs`) or one of `max_queued`
+  waiting places.
+- The worker adds submitted requests to the engine at step boundaries (continuous batching: they join the running
+  batch while others decode), aborts requests whose client left (their KV and draft state are freed before the
+  next step), runs one step, and hands each request its delta through an asyncio queue fed with
+  `call_soon_threadsafe`. A request's error fails that request only.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 
 from ..config import SpeculativeConfig
-from ..engine import Engine, StreamDelta
+from ..engine import StepOutput
 from ..sampling_params import SamplingParams
 from .metrics import ServerMetrics
 
@@ -42,7 +41,8 @@ class RequestHandle:
     first_token_at: float | None = None
     pool: str = "default"
     arm: str = "spec"
-    decision: object | None = None       # the policy's Decision (method "auto")
+    seq: object | None = None            # the engine's Sequence once added
+    started: bool = False                # left the waiting queue (queue time observed)
 
     def abort(self) -> None:
         self.aborted.set()
@@ -72,33 +72,39 @@ class AsyncEngine:
     def __init__(self, llm, default_spec: SpeculativeConfig, max_queued: int, metrics: ServerMetrics,
                  log_interval_s: float = 10.0):
         self.llm = llm
+        self.engine = llm.engine
         self.default_spec = default_spec
         self.max_queued = max_queued
         self.metrics = metrics
         self.log_interval_s = log_interval_s
-        self._engines: dict[tuple, Engine] = {}
-        self._waiting: collections.deque[RequestHandle] = collections.deque()
+        self._incoming: list[RequestHandle] = []       # submitted, not yet added to the engine
+        self._handles: dict[str, RequestHandle] = {}   # added to the engine, not finished
         self._reserved = 0
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._running: list[tuple[RequestHandle, object, object]] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._listening = False
         self.healthy = True
         self.last_error: str | None = None
 
     # -- admission (event loop side) -------------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting) + self._reserved
+        return self.engine.num_waiting + len(self._incoming) + self._reserved
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        return self.engine.num_running
+
+    @property
+    def alive(self) -> bool:
+        return self.healthy and self._thread is not None and self._thread.is_alive()
 
     def try_admit(self) -> bool:
         with self._lock:
-            if self._stopping or len(self._waiting) + self._reserved >= self.max_queued:
+            free_slots = max(0, self.engine.sched_cfg.max_num_seqs - self.engine.num_running)
+            if self._stopping or self.num_waiting >= self.max_queued + free_slots:
                 return False
             self._reserved += 1
             return True
@@ -112,16 +118,10 @@ class AsyncEngine:
         handle = RequestHandle(request_id, prompt_ids, params, spec, asyncio.get_running_loop(), pool=pool, arm=arm)
         with self._wake:
             self._reserved -= 1
-            self._waiting.append(handle)
-            self.metrics.set_queue(len(self._running), len(self._waiting) + self._reserved)
+            self._incoming.append(handle)
+            self.metrics.set_queue(self.num_running, self.num_waiting)
             self._wake.notify()
         return handle
-
-    def engine_for(self, spec: SpeculativeConfig) -> Engine:
-        key = (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_max, spec.prompt_lookup_min)
-        if key not in self._engines:
-            self._engines[key] = self.llm.make_engine(spec)
-        return self._engines[key]
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -134,10 +134,10 @@ class AsyncEngine:
             self._stopping = True
             self._wake.notify()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and (self._waiting or self._running):
+        while time.monotonic() < deadline and (self._incoming or self._handles):
             time.sleep(0.05)
         with self._lock:
-            pending = list(self._waiting) + [h for h, _, _ in self._running]
+            pending = list(self._incoming) + list(self._handles.values())
         for h in pending:
             h.abort()
         with self._wake:
@@ -150,71 +150,83 @@ class AsyncEngine:
         last_log = time.monotonic()
         while True:
             with self._wake:
-                while not self._waiting and not self._running:
+                while not self._incoming and not self._handles:
                     if self._stopping:
                         return
                     self._wake.wait(timeout=1.0)
                     if time.monotonic() - last_log >= self.log_interval_s:
                         break
-                if not self._running and self._waiting:
-                    self._start_next()
-                self.metrics.set_queue(len(self._running), len(self._waiting) + self._reserved)
-            for entry in list(self._running):
-                self._step(entry)
+                incoming, self._incoming = self._incoming, []
+            for handle in incoming:
+                self._add(handle)
+            for handle in [h for h in self._handles.values() if h.aborted.is_set()]:
+                self._abort(handle)
+            if self.engine.has_unfinished():
+                try:
+                    outputs = self.engine.step()
+                except Exception as exc:  # noqa: BLE001 - the engine's own failure: every request errs, loop goes on
+                    log.exception("engine step failed")
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    outputs = [StepOutput(rid, None, exc) for rid in list(self._handles)]
+                info = self.engine.last_step
+                if info.num_seqs:
+                    self.metrics.observe_step(info.num_seqs, info.num_rows)
+                for out in outputs:
+                    self._dispatch(out)
+                self._mark_started()
+            self.metrics.set_queue(self.num_running, self.num_waiting)
             if time.monotonic() - last_log >= self.log_interval_s:
                 line = self.metrics.interval_log_line()
                 if line:
                     log.info(line)
                 last_log = time.monotonic()
 
-    def _start_next(self) -> None:
-        handle = self._waiting.popleft()
+    def _add(self, handle: RequestHandle) -> None:
         if handle.aborted.is_set():          # disconnected while queued: never started
             self.metrics.observe_abort(None)
             handle._push(RequestAborted(handle.request_id))
             return
         try:
-            if handle.spec.method == "auto":
-                engine, seq, handle.decision = self.llm.auto_sequence(
-                    handle.prompt_ids, handle.params, handle.request_id, handle.pool,
-                    load=len(self._running) + len(self._waiting) + self._reserved)
-            else:
-                engine = self.engine_for(handle.spec)
-                seq = engine.new_sequence(handle.prompt_ids, handle.params)
-                if handle.arm == "plain":
-                    seq.stats.policy_reason = "rollout: plain arm"
+            handle.seq = self.engine.add_request(handle.request_id, handle.prompt_ids, handle.params, handle.spec,
+                                                 handle.pool)
         except Exception as exc:  # noqa: BLE001 - fails this request only
             handle._push(exc)
             return
-        self.metrics.observe_queue_time(time.perf_counter() - handle.arrival)
-        self._running.append((handle, seq, engine.run(seq)))
+        if handle.arm == "plain":
+            handle.seq.stats.policy_reason = "rollout: plain arm"
+        self._handles[handle.request_id] = handle
+        if not self._listening and self.llm.policy_created:
+            self.llm.policy().set_listener(self.metrics.set_pool_enabled)     # export every pool's state, once
+            self._listening = True
 
-    def _step(self, entry) -> None:
-        handle, seq, gen = entry
-        if handle.aborted.is_set():
-            gen.close()                      # releases the target's and the draft's caches
-            self._running.remove(entry)
-            self.metrics.observe_abort(seq.stats)
-            handle._push(RequestAborted(handle.request_id))
+    def _mark_started(self) -> None:
+        for h in self._handles.values():
+            if not h.started and h.seq is not None and (h.seq.num_computed or h.seq.output_ids):
+                h.started = True
+                self.metrics.observe_queue_time(time.perf_counter() - h.arrival)
+
+    def _abort(self, handle: RequestHandle) -> None:
+        self._handles.pop(handle.request_id, None)
+        seq = self.engine.abort(handle.request_id)
+        self.metrics.observe_abort(seq.stats if seq is not None else None)
+        handle._push(RequestAborted(handle.request_id))
+
+    def _dispatch(self, out: StepOutput) -> None:
+        handle = self._handles.get(out.request_id)
+        if handle is None:
             return
-        try:
-            delta: StreamDelta = next(gen)
-        except Exception as exc:  # noqa: BLE001 - one request's failure never takes down the others
-            log.exception("request %s failed", handle.request_id)
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            gen.close()
-            self._running.remove(entry)
+        if out.error is not None:
+            log.error("request %s failed: %s: %s", handle.request_id, type(out.error).__name__, out.error)
+            self.last_error = f"{type(out.error).__name__}: {out.error}"
+            self._handles.pop(handle.request_id, None)
             self.metrics.observe_failure()
-            handle._push(exc)
+            handle._push(out.error)
             return
+        delta = out.delta
         if handle.first_token_at is None:
             handle.first_token_at = time.perf_counter()
             self.metrics.observe_first_token(handle.first_token_at - handle.arrival)
         handle._push(delta)
         if delta.finished:
-            gen.close()                      # run its `finally` now: caches released with the request
-            self._running.remove(entry)
-            if handle.decision is not None:
-                self.llm.policy().record(handle.pool, handle.decision, handle.params.temperature, delta.stats,
-                                         seq.controller)
+            self._handles.pop(handle.request_id, None)
             self.metrics.observe_finished(delta.stats, handle.arrival, handle.arm)

@@ -61,6 +61,12 @@ class ServerMetrics:
                                    names + ["arm"], buckets=_TPOT_BUCKETS, registry=r)
         self._arm_e2e = Histogram("specdec:rollout_e2e_request_latency_seconds", "E2E latency per rollout arm",
                                   names + ["arm"], buckets=_LATENCY_BUCKETS, registry=r)
+        # the shape of each engine step: continuous batching puts several sequences (and their drafts) in a forward
+        self.iteration_tokens = Histogram("specdec:iteration_tokens_total", "Rows (tokens) per engine forward",
+                                          names, buckets=(1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512,
+                                                          1024), registry=r).labels(**lbl)
+        self.iteration_seqs = Histogram("specdec:iteration_num_seqs", "Sequences per engine forward", names,
+                                        buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64), registry=r).labels(**lbl)
         self._lock = threading.Lock()
         self._window = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "draft_time": 0.0, "e2e_time": 0.0,
                         "tokens": 0.0, "since": time.monotonic()}
@@ -71,6 +77,10 @@ class ServerMetrics:
     def set_queue(self, running: int, waiting: int) -> None:
         self.running.set(running)
         self.waiting.set(waiting)
+
+    def observe_step(self, num_seqs: int, num_rows: int) -> None:
+        self.iteration_seqs.observe(num_seqs)
+        self.iteration_tokens.observe(num_rows)
 
     def observe_queue_time(self, s: float) -> None:
         self.queue_time.observe(s)

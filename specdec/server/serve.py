@@ -6,6 +6,7 @@ import signal
 import sys
 
 from ..config import SpeculativeConfig
+from ..engine import SchedulerConfig
 from ..errors import SpecDecError
 from ..utils import parse_json_object
 
@@ -27,15 +28,28 @@ def parse_speculative_config(text: str | None) -> SpeculativeConfig:
 
 
 def examples(host: str, port: int, model: str, api_key: str | None) -> str:
+    """Ready-to-paste requests. The Python line names this interpreter (the venv's) and is printed only when the
+    `openai` package is importable here (it is a test extra); otherwise a streaming curl stands in."""
+    import importlib.util
+
     base = f"http://{host}:{port}/v1"
     auth = f" -H 'Authorization: Bearer {api_key}'" if api_key else ""
     key = api_key or "none"
-    return f"""specdec is ready on {base}  (metrics: http://{host}:{port}/metrics)
+    body = (f'{{"model": "{model}", "messages": [{{"role": "user", "content": "Write a Python function that '
+            f'reverses a string."}}], "max_tokens": 128')
+    text = f"""specdec is ready on {base}  (metrics: http://{host}:{port}/metrics)
 
-curl {base}/chat/completions -H 'Content-Type: application/json'{auth} -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Write a Python function that reverses a string."}}], "max_tokens": 128}}'
-
-python -c "from openai import OpenAI; c = OpenAI(base_url='{base}', api_key='{key}'); print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Write a Python function that reverses a string.'}}], max_tokens=128).choices[0].message.content)"
+curl {base}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}}}'
 """
+    if importlib.util.find_spec("openai") is not None:
+        text += f"""
+{sys.executable} -c "from openai import OpenAI; c = OpenAI(base_url='{base}', api_key='{key}'); print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Write a Python function that reverses a string.'}}], max_tokens=128).choices[0].message.content)"
+"""
+    else:
+        text += f"""
+curl -N {base}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}, "stream": true}}'
+"""
+    return text
 
 
 def run_server(args) -> int:
@@ -54,8 +68,14 @@ def run_server(args) -> int:
         raise SpecDecError("--max-queued must be >= 0")
     if not 0 <= args.spec_traffic_fraction <= 1:
         raise SpecDecError("--spec-traffic-fraction must be in [0, 1]")
+    try:
+        scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                                    **({"max_total_tokens": args.max_total_tokens} if args.max_total_tokens else {}))
+    except ValueError as exc:
+        raise SpecDecError(str(exc)) from None
     llm = LLM(target=args.target, draft=spec.model if spec.method in ("draft", "auto") else None, speculative=spec,
-              dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, num_threads=args.threads)
+              dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, num_threads=args.threads,
+              scheduler=scheduler)
     if spec.method == "auto":
         from ..policy import PolicyConfig
 
