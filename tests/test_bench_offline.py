@@ -192,6 +192,8 @@ def test_sharegpt_sample_is_seeded_and_clear_when_missing(monkeypatch):
     a = load_prompts("sharegpt:5", seed=3)
     assert a == load_prompts("sharegpt:5", seed=3) and a != load_prompts("sharegpt:5", seed=4)
     assert len(a) == 5 and all(p["category"] == "sharegpt" and p["messages"][0]["content"] for p in a)
+    both = load_prompts("builtin,sharegpt:5", seed=3)        # sources joined with commas, in order
+    assert both == load_prompts("builtin") + a
     with pytest.raises(SpecDecError, match="sharegpt:N needs an integer"):
         load_prompts("sharegpt:many")
     real_import = builtins.__import__

@@ -17,7 +17,10 @@ SHAREGPT_MAX_CHARS = 4000       # first turns longer than this are skipped (a ch
 
 
 def load_prompts(source: str, seed: int = 0) -> list[dict]:
-    """`builtin`, `sharegpt[:N]` or a path to a JSONL file."""
+    """`builtin`, `sharegpt[:N]` or a path to a JSONL file; several joined with commas (`builtin,sharegpt:32`)
+    are concatenated in that order."""
+    if "," in source and not Path(source).is_file():
+        return [p for part in source.split(",") if part.strip() for p in load_prompts(part.strip(), seed)]
     if source == "builtin":
         return [dict(p) for p in BUILTIN_PROMPTS]
     if source == "sharegpt" or source.startswith("sharegpt:"):
