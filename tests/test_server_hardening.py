@@ -19,6 +19,7 @@ from specdec import LLM, SpeculativeConfig
 
 HEALTH_BOUND_S = 0.5
 MSG = [{"role": "user", "content": "hi"}]
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 BIG_CHAT = {"messages": [{"role": "user", "content": "word " * 1048576}], "max_tokens": 8}   # 5 MiB, the issue's
 
 
@@ -197,13 +198,19 @@ def test_sigterm_cuts_a_long_stream_with_an_error_event_then_done(long_context_m
             assert proc.poll() is None and time.time() < deadline, log_path.read_text()
             time.sleep(0.2)
         body = {"messages": MSG, "max_tokens": 8000, "ignore_eos": True, "temperature": 0, "stream": True}
-        lines = []
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines, other = [], {}
+        second = threading.Thread(target=lambda: other.setdefault("r", httpx.post(
+            url + CHAT, json={**body, "stream": False}, timeout=60)))
+        with httpx.stream("POST", url + CHAT, json=body, timeout=60) as r:
             for line in r.iter_lines():          # the old server broke this read off: incomplete chunked body
                 if line:
                     lines.append(line)
-                if len(lines) == 3:
+                if len(lines) == 3 and second.ident is None:   # streaming; a non-streamed request joins (or queues)
+                    second.start()
+                    while sum(httpx.get(url + "/health").json()[k] for k in ("running", "waiting")) < 2:
+                        time.sleep(0.02)
                     proc.send_signal(signal.SIGTERM)
+        second.join()
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
@@ -212,15 +219,15 @@ def test_sigterm_cuts_a_long_stream_with_an_error_event_then_done(long_context_m
     event = json.loads(lines[-2][len("data: "):])
     assert event["error"]["code"] == "server_shutting_down" and "drain" in event["error"]["message"]
     assert all(json.loads(ln[6:]).get("choices") for ln in lines[:-2])     # the text chunks before it
+    assert _error(other["r"], 503)["code"] == "server_shutting_down"
     out = log_path.read_text()
     warnings = [ln for ln in out.splitlines() if "WARNING" in ln]
-    assert len(warnings) == 1 and "cut 1 unfinished request" in warnings[0], out[-3000:]
+    assert len(warnings) == 1 and "cut 2 unfinished request" in warnings[0], out[-3000:]
     assert "Traceback" not in out and "CancelledError" not in out and " ERROR " not in out, out[-3000:]
 
 
 # -- 4, 6, 7. bad input: 400 (never 200 with the field dropped, never 500) --------------------------------------
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 BAD = [
     # 4. were 500s
     (CHAT, b'{"messages": [{"role": "user", "content": "hi \\ud800 there"}]}', "messages.0.content"),

@@ -175,16 +175,18 @@ _TYPE_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[\](-]")   # a union memb
 
 def _validation_body(errs: list[dict]) -> dict:
     """pydantic's errors -> one OpenAI error. A union reports one error per member; the informative one is the
-    first that is not a plain type mismatch. Union-member tags are dropped from the location."""
+    first that is not a plain type mismatch, else the deepest mismatch. Union-member tags are dropped from the
+    location."""
     if not errs:
         return error_body("invalid request")
-    first = next((e for e in errs if not str(e.get("type", "")).endswith("_type")), errs[0])
+    first = next((e for e in errs if not str(e.get("type", "")).endswith("_type")), None) or \
+        max(errs, key=lambda e: len(e.get("loc", ())))
     kind = first.get("type")
     if kind == "json_invalid":
         err = (first.get("ctx") or {}).get("error")
         return error_body(f"the request body is not valid JSON{f' ({err})' if err else ''}")
     loc = [str(x) for x in first.get("loc", ()) if x != "body" and not (isinstance(x, str) and _TYPE_TAG.search(x))]
-    if not loc and kind in ("model_attributes_type", "dict_type"):
+    if not loc and kind in ("model_attributes_type", "dict_type", "missing"):
         return error_body("the request body must be a JSON object")
     param = ".".join(loc) or None
     return error_body(f"{param + ': ' if param else ''}{first.get('msg', 'invalid value')}", param=param)

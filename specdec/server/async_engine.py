@@ -98,7 +98,9 @@ class AsyncEngine:
 
     def try_admit(self) -> bool:
         with self._lock:
-            if self._stopping or len(self._waiting) + self._reserved >= self.max_queued:
+            # while nothing runs, one admitted request will run, not wait (it may still be tokenizing, off the loop)
+            idle = 0 if self._running else 1
+            if self._stopping or len(self._waiting) + self._reserved >= self.max_queued + idle:
                 return False
             self._reserved += 1
             return True

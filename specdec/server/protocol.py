@@ -30,7 +30,9 @@ class APIError(Exception):
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    # message and param may quote the client's input (a field name it sent): keep them short and encodable
+    return {"error": {"message": shown(message, 2000), "type": type_, "param": None if param is None else shown(param),
+                      "code": code}}
 
 
 def _valid_text(value: str) -> str:
@@ -48,7 +50,9 @@ INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1      # seed: the range of OpenAI'
 
 
 def _unsupported(name: str, what: str | None = None) -> APIError:
-    return APIError(400, f"{what or name} is not supported by this server", param=name, code="unsupported_parameter")
+    """`what`: the subject of "... not supported", with its verb ("logprobs are")."""
+    return APIError(400, f"{what or name + ' is'} not supported by this server", param=name,
+                    code="unsupported_parameter")
 
 
 class SpeculativeOverride(BaseModel):
