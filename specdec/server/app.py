@@ -20,8 +20,8 @@ from ..errors import SpecDecError
 from ..policy.pools import rollout_arm
 from .async_engine import AsyncEngine, RequestAborted, RequestHandle
 from .middleware import BearerAuth, RequestGuard
-from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, error_body, new_id, now, shown,
-                       speculative_stats, usage)
+from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, error_body, new_id, now, seed_scope,
+                       shown, speculative_stats, usage)
 
 log = logging.getLogger("specdec.server")
 RETRY_AFTER_S = 1
@@ -133,16 +133,16 @@ def create_app(state: ServerState) -> FastAPI:
             except SpecDecError as exc:        # the template refuses these messages (e.g. role order)
                 raise APIError(400, str(exc), param="messages") from None
 
-        handle, seed_scope = await _admit_and_submit(state, req, encode, raw, "chat", "messages")
-        return await _respond(state, req, handle, raw, chat=True, seed_scope=seed_scope)
+        handle, scope = await _admit_and_submit(state, req, encode, raw, "chat", "messages")
+        return await _respond(state, req, handle, raw, chat=True, seed_scope=scope)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request):
         req.check_supported()
         _check_model(state, req.model)
-        handle, seed_scope = await _admit_and_submit(state, req, lambda: _completion_ids(state, req), raw,
-                                                     "completions", "prompt")
-        return await _respond(state, req, handle, raw, chat=False, seed_scope=seed_scope)
+        handle, scope = await _admit_and_submit(state, req, lambda: _completion_ids(state, req), raw,
+                                                "completions", "prompt")
+        return await _respond(state, req, handle, raw, chat=False, seed_scope=scope)
 
     return app
 
@@ -312,11 +312,7 @@ async def _admit_and_submit(state: ServerState, req, encode, raw: Request, route
     except BaseException:
         engine.release_admission()
         raise
-    if params.seed is None or params.greedy:
-        seed_scope = None                          # greedy: the same output under every method
-    else:
-        seed_scope = "policy" if spec.method == "auto" else "speculative_config"
-    return handle, seed_scope
+    return handle, seed_scope(params, spec.method)
 
 
 def _sse(obj) -> str:

@@ -10,7 +10,8 @@ from .protocol import error_body, shown
 
 
 class BearerAuth:
-    """/v1/* needs the key. The scheme is case-insensitive (RFC 9110: `bearer KEY` is `Bearer KEY`); the key is compared in constant time."""
+    """/v1/* needs the key. The scheme is case-insensitive (RFC 9110: `bearer KEY` is `Bearer KEY`); the key is
+    compared in constant time."""
 
     def __init__(self, app, api_key: str):
         self.app = app

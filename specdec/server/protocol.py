@@ -226,13 +226,17 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def speculative_stats(stats: Any, seed_scope: str | None = None) -> dict:
-    """The per-request extension field: what speculation did for this request.
+def seed_scope(params: SamplingParams, method: str) -> str | None:
+    """What a seed reproduces: None (no seed, or greedy: the output is the same under every method),
+    "speculative_config" (the same seed with the same `speculative` method and k, as reported beside it, gives
+    the same completion) or "policy" (method auto chose, and its choices depend on load and history)."""
+    if params.seed is None or params.greedy:
+        return None
+    return "policy" if method == "auto" else "speculative_config"
 
-    `seed_scope` says what a seed reproduces: None (no seed, or greedy: the output is the same under every
-    method), "speculative_config" (the same seed with the same `speculative` method and k, as reported here,
-    gives the same completion) or "policy" (method auto chose; its choices depend on load and history).
-    """
+
+def speculative_stats(stats: Any, seed_scope: str | None = None) -> dict:
+    """The per-request extension field: what speculation did for this request, and `seed_scope` (above)."""
     return {"seed_scope": seed_scope} | {k: getattr(stats, k) for k in
             ("method", "num_speculative_tokens", "draft_steps", "lookup_steps", "draft_tokens", "accepted_tokens",
              "acceptance_rate", "mean_accepted_length", "accepted_per_position", "target_forwards", "draft_time_s",
