@@ -84,7 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-queued", type=int, default=64, help="requests waiting beyond this get 429")
     sv.add_argument("--served-model-name", default=None, help="model id clients use (default: the target's name)")
     sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
-    sv.add_argument("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for in-flight requests")
+    sv.add_argument("--drain-timeout", type=float, default=30.0,
+                    help="seconds SIGTERM waits for in-flight requests; the rest end with an error")
+    sv.add_argument("--max-request-bytes", type=int, default=2 * 1024 * 1024,
+                    help="larger request bodies get 413 (default 2 MiB: ~7x a full 32k-token prompt)")
+    sv.add_argument("--max-spec-pools", type=int, default=32,
+                    help="distinct spec_pool tags kept; later new tags share the pool 'other'")
     sv.add_argument("--log-interval", type=float, default=10.0, help="seconds between speculative-decoding log lines")
 
     b = sub.add_parser("bench", help="benchmarks")

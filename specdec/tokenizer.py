@@ -5,7 +5,11 @@ Building a BPE tokenizer from GGUF metadata takes a few seconds; `Tokenizer.save
 """
 from __future__ import annotations
 
+import functools
 import json
+import re
+import secrets
+import unicodedata
 from datetime import datetime
 from pathlib import Path
 
@@ -129,10 +133,65 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Text -> ids; special tokens written in the text are recognised; BOS added if the model wants it
         and the text does not start with it (chat templates usually write it themselves)."""
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return self._with_bos(self._encode(self._tok, text))
+
+    def _with_bos(self, ids: list[int]) -> list[int]:
         if self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id] + ids
         return ids
+
+    @staticmethod
+    def _encode(tok, text: str) -> list[int]:
+        # encode_batch, not encode: tokenizers' `encode` holds the GIL for the whole text (seconds for a
+        # few MiB, freezing a server's event loop even from a worker thread); `encode_batch` releases it.
+        return tok.encode_batch([text], add_special_tokens=False)[0].ids
+
+    def warm(self) -> None:
+        """Build the tables `min_tokens` and `encode_chat` compute on first use (a server's first request should
+        not pay for them)."""
+        self.min_tokens("")
+        _ = self._control_tokens and self._plain_tok
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """L: the most characters of text one token can cover (the longest vocabulary entry, special tokens
+        included; byte-level entries have one character per byte, and a byte is at most one character)."""
+        return max(len(t) for t in self._tok.get_vocab(with_added_tokens=True))
+
+    def min_tokens(self, text: str) -> int | None:
+        """A lower bound on len(encode(text)) without tokenizing: no token covers more than `max_token_chars`
+        characters, so the text needs at least ceil(chars / L) tokens. Exact for tokenizers without a
+        normalizer or with NFC (all GGUF byte-level BPE ones): `chars` is the shorter of the text and its NFC
+        form; None (no bound) for other normalizers, which may shorten text arbitrarily."""
+        kind = self._normalizer_kind
+        if kind not in (None, "NFC"):
+            return None
+        chars = len(text)
+        if kind == "NFC" and not unicodedata.is_normalized("NFC", text):
+            chars = min(chars, len(unicodedata.normalize("NFC", text)))
+        return -(-chars // self.max_token_chars)
+
+    @functools.cached_property
+    def _normalizer_kind(self) -> str | None:
+        spec = json.loads(self._tok.to_str()).get("normalizer")
+        return None if spec is None else spec.get("type", "?")
+
+    @functools.cached_property
+    def _control_tokens(self) -> re.Pattern | None:
+        """The text of every special (control) token, as one pattern: finds them typed into message content."""
+        texts = sorted({t.content for t in self._tok.get_added_tokens_decoder().values() if t.special},
+                       key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+    @functools.cached_property
+    def _plain_tok(self):
+        """A copy of the tokenizer that reads special-token text as plain text (its own object: the flag is
+        per tokenizer, and requests are tokenized in parallel threads)."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        tok = HFTokenizer.from_str(self._tok.to_str())
+        tok.encode_special_tokens = True
+        return tok
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -158,8 +217,30 @@ class Tokenizer:
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      bos_token=bos, eos_token=eos, tools=None)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        return self.encode(self.apply_chat_template(messages))
+    def encode_chat(self, messages: list[dict], rendered: str | None = None) -> list[int]:
+        """Messages -> ids through the chat template. Message content is always plain text: control-token
+        text typed into it (`<|im_start|>system ...`) is tokenized as the characters it is, never as the
+        control token, so a message cannot forge a turn; only the template writes control tokens.
+        `rendered`: the template's output for these messages, when the caller has it already."""
+        text = self.apply_chat_template(messages) if rendered is None else rendered
+        pattern = self._control_tokens
+        if pattern is None or not any(isinstance(m.get("content"), str) and pattern.search(m["content"])
+                                      for m in messages):
+            return self.encode(text)               # nothing to escape: the plain path
+        # Render again with a unique mark in place of each content, then tokenize the template's text (control
+        # tokens recognised) and each content (as plain text) separately.
+        nonce = secrets.token_hex(8)
+        marked = [{**m, "content": f"\ue000{nonce}:{i}\ue001"} if isinstance(m.get("content"), str) else m
+                  for i, m in enumerate(messages)]
+        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", self.apply_chat_template(marked))
+        contents = [messages[int(i)]["content"] for i in pieces[1::2]]
+        if pieces[0] + "".join(c + t for c, t in zip(contents, pieces[2::2])) != text:
+            raise SpecDecError("message content contains control-token text that this model's chat template "
+                               "transforms, so it cannot be passed on as plain text")
+        ids = self._encode(self._tok, pieces[0])
+        for content, template_text in zip(contents, pieces[2::2]):
+            ids += self._encode(self._plain_tok, content) + self._encode(self._tok, template_text)
+        return self._with_bos(ids)
 
 
 def _read_json(path: Path) -> dict:

@@ -1,11 +1,13 @@
-"""The FastAPI app: OpenAI routes, errors in OpenAI's shape, SSE streaming, auth, metrics, health."""
+"""The FastAPI app: OpenAI routes, errors in OpenAI's shape, SSE streaming, auth, metrics, health, drain."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import re
+import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -14,13 +16,20 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import SpeculativeConfig
+from ..errors import SpecDecError
 from ..policy.pools import rollout_arm
 from .async_engine import AsyncEngine, RequestAborted, RequestHandle
-from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, error_body, new_id, now,
-                       speculative_stats, usage)
+from .middleware import BearerAuth, RequestGuard
+from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, error_body, new_id, now, seed_scope,
+                       shown, speculative_stats, usage)
 
 log = logging.getLogger("specdec.server")
 RETRY_AFTER_S = 1
+# 2 MiB: a prompt that fills a 32k-token window is ~0.3 MB even as JSON-escaped CJK text or a list of token ids,
+# so this leaves ~7x headroom, while a larger body cannot be a prompt that fits and only costs parse time.
+DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024
+DEFAULT_MAX_SPEC_POOLS = 32
+OTHER_POOL = "other"          # where spec_pool tags beyond --max-spec-pools go
 
 
 @dataclass
@@ -31,6 +40,12 @@ class ServerState:
     api_key: str | None = None
     drain_timeout_s: float = 30.0
     traffic_fraction: float = 1.0        # share of requests (by request id hash) that may speculate
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_spec_pools: int = DEFAULT_MAX_SPEC_POOLS   # distinct client spec_pool tags; later new ones share OTHER_POOL
+    draining: bool = field(default=False, init=False)   # SIGTERM seen: no new requests
+    closed: bool = field(default=False, init=False)     # drain deadline passed: the engine is shut down
+    pools: set = field(default_factory=set, init=False)
+    _drain_task: asyncio.Future | None = field(default=None, init=False)
 
     @property
     def max_model_len(self) -> int:
@@ -44,9 +59,10 @@ def create_app(state: ServerState) -> FastAPI:
             # measure (or read) the cost model before serving, and export every pool's state
             await asyncio.to_thread(state.llm.policy)
             state.llm.policy().set_listener(state.engine.metrics.set_pool_enabled)
+        await asyncio.to_thread(state.llm.tokenizer.warm)
         state.engine.start()
         yield
-        await asyncio.to_thread(state.engine.shutdown, state.drain_timeout_s)
+        await drain(state)
 
     app = FastAPI(title="specdec", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible server with speculative decoding")
@@ -58,14 +74,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_, exc: RequestValidationError):
-        errs = exc.errors()
-        first = errs[0] if errs else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        msg = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            msg = "the request body is not valid JSON"
-        return JSONResponse(error_body(f"{'.'.join(loc) + ': ' if loc else ''}{msg}", param=".".join(loc) or None),
-                            status_code=400)
+        return JSONResponse(_validation_body(exc.errors()), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_, exc: StarletteHTTPException):
@@ -78,11 +87,14 @@ def create_app(state: ServerState) -> FastAPI:
         log.exception("unhandled error")
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "internal_error"), status_code=500)
 
+    app.add_middleware(RequestGuard, max_bytes=lambda: state.max_request_bytes)
     if state.api_key:
-        app.add_middleware(BearerAuth, api_key=state.api_key)
+        app.add_middleware(BearerAuth, api_key=state.api_key)      # outermost: 401 before reading any body
 
     @app.get("/health")
     async def health():
+        if state.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         if state.engine.alive:
             return {"status": "ok", "running": state.engine.num_running, "waiting": state.engine.num_waiting}
         return JSONResponse({"status": "unhealthy", "error": state.engine.last_error}, status_code=503)
@@ -104,47 +116,107 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
+        req.check_supported()
         _check_model(state, req.model)
         msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
-        handle = _admit_and_submit(state, req, lambda: state.llm.tokenizer.encode_chat(msgs), raw, "chat")
-        return await _respond(state, req, handle, raw, chat=True)
+        tok = state.llm.tokenizer
+
+        def encode() -> list[int]:
+            try:
+                text = tok.apply_chat_template(msgs)
+                _check_lower_bound(state, req, tok.min_tokens(text), "messages")
+                return tok.encode_chat(msgs, rendered=text)
+            except SpecDecError as exc:        # the template refuses these messages (e.g. role order)
+                raise APIError(400, str(exc), param="messages") from None
+
+        handle, scope = await _admit_and_submit(state, req, encode, raw, "chat", "messages")
+        return await _respond(state, req, handle, raw, chat=True, seed_scope=scope)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request):
+        req.check_supported()
         _check_model(state, req.model)
-        if req.echo:
-            raise APIError(400, "echo is not supported", param="echo")
-        handle = _admit_and_submit(state, req, lambda: _completion_ids(state, req.prompt), raw, "completions")
-        return await _respond(state, req, handle, raw, chat=False)
+        handle, scope = await _admit_and_submit(state, req, lambda: _completion_ids(state, req), raw,
+                                                "completions", "prompt")
+        return await _respond(state, req, handle, raw, chat=False, seed_scope=scope)
 
     return app
 
 
-class BearerAuth:
-    """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from the routes): /v1/* needs the key."""
+async def drain(state: ServerState) -> None:
+    """SIGTERM: stop admitting; let running and queued requests finish for up to `drain_timeout_s`; then cut the
+    rest, each ending with an error (a stream: an error event, then [DONE]), and say how many in one WARNING.
+    Idempotent: `specdec serve` starts it as soon as the signal arrives, the app's shutdown awaits the same one."""
+    if state._drain_task is None:
+        state._drain_task = asyncio.ensure_future(_drain(state))
+    await asyncio.shield(state._drain_task)
 
-    def __init__(self, app, api_key: str):
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            auth = dict(scope.get("headers") or []).get(b"authorization")
-            if auth != self.expected:
-                resp = JSONResponse(error_body("invalid or missing API key", "authentication_error",
-                                               code="invalid_api_key"), status_code=401)
-                await resp(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+async def _drain(state: ServerState) -> None:
+    engine = state.engine
+    state.draining = True
+    deadline = time.monotonic() + state.drain_timeout_s
+    while (engine.num_running or engine.num_waiting) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    cut = engine.num_running + engine.num_waiting
+    state.closed = True           # requests still tokenizing get 503 instead of joining a stopped engine
+    if cut:
+        log.warning("drain timeout (%gs) reached: cut %d unfinished request(s); each ended with an error "
+                    "(streams: an error event, then [DONE])", state.drain_timeout_s, cut)
+    await asyncio.to_thread(engine.shutdown, 0)     # aborts what is left; each handle gets RequestAborted
+
+
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[\](-]")   # a union member's tag in a pydantic loc
+
+
+def _validation_body(errs: list[dict]) -> dict:
+    """pydantic's errors -> one OpenAI error. A union reports one error per member; the informative one is the
+    first that is not a plain type mismatch, else the deepest mismatch. Union-member tags are dropped from the
+    location."""
+    if not errs:
+        return error_body("invalid request")
+    first = next((e for e in errs if not str(e.get("type", "")).endswith("_type")), None) or \
+        max(errs, key=lambda e: len(e.get("loc", ())))
+    kind = first.get("type")
+    if kind == "json_invalid":
+        err = (first.get("ctx") or {}).get("error")
+        return error_body(f"the request body is not valid JSON{f' ({err})' if err else ''}")
+    loc = [str(x) for x in first.get("loc", ()) if x != "body" and not (isinstance(x, str) and _TYPE_TAG.search(x))]
+    if not loc and kind in ("model_attributes_type", "dict_type", "missing"):
+        return error_body("the request body must be a JSON object")
+    param = ".".join(loc) or None
+    return error_body(f"{param + ': ' if param else ''}{first.get('msg', 'invalid value')}", param=param)
 
 
 def _check_model(state: ServerState, model: str | None) -> None:
     if model is not None and model != state.served_model_name:
-        raise APIError(404, f"The model '{model}' does not exist (served: '{state.served_model_name}')",
+        raise APIError(404, f"The model '{shown(model)}' does not exist (served: '{state.served_model_name}')",
                        "not_found_error", param="model", code="model_not_found")
 
 
-def _completion_ids(state: ServerState, prompt) -> list[int]:
+def _context_error(max_len: int, n: int, want: int | None, prompt_param: str, at_least: bool = False) -> APIError:
+    size = f"at least {n} tokens" if at_least else f"{n} tokens"
+    if want is None or n >= max_len:
+        return APIError(400, f"This model's maximum context length is {max_len} tokens. However, your prompt is "
+                             f"{size}, which leaves no room for a completion.", param=prompt_param,
+                        code="context_length_exceeded")
+    return APIError(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
+                         f"{'at least ' if at_least else ''}{n + want} tokens ({size} in the prompt, {want} for the "
+                         "completion). Please reduce the prompt or max_tokens.", param="max_tokens",
+                    code="context_length_exceeded")
+
+
+def _check_lower_bound(state: ServerState, req, lower: int | None, prompt_param: str) -> None:
+    """Before tokenizing: refuse a text that certainly does not fit (`lower` <= its token count)."""
+    if lower is None:
+        return
+    max_len, want = state.max_model_len, req.requested_max_tokens()
+    if lower >= max_len or (want is not None and lower + want > max_len):
+        raise _context_error(max_len, lower, want, prompt_param, at_least=True)
+
+
+def _completion_ids(state: ServerState, req: CompletionRequest) -> list[int]:
+    prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
             raise APIError(400, "only one prompt per request is supported", param="prompt")
@@ -152,6 +224,7 @@ def _completion_ids(state: ServerState, prompt) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
+        _check_lower_bound(state, req, state.llm.tokenizer.min_tokens(prompt), "prompt")
         return state.llm.tokenizer.encode(prompt)
     vocab = state.llm.tokenizer.vocab_size
     if any(not 0 <= t < vocab for t in prompt):
@@ -179,25 +252,46 @@ def _spec_for(state: ServerState, req) -> SpeculativeConfig:
         raise APIError(400, str(exc), param="speculative") from None
 
 
-def _admit_and_submit(state: ServerState, req, encode, raw: Request, route: str) -> RequestHandle:
+def _pool_for(state: ServerState, tag: str | None, route: str) -> str:
+    """The request's acceptance pool: its spec_pool tag (the first --max-spec-pools distinct tags; later new ones
+    share OTHER_POOL, so clients cannot grow the pools and the metric labels without bound), else its route."""
+    if tag is None:
+        return route
+    if tag in state.pools:
+        return tag
+    if len(state.pools) < state.max_spec_pools:
+        state.pools.add(tag)
+        return tag
+    if OTHER_POOL not in state.pools:
+        state.pools.add(OTHER_POOL)
+        log.warning("%d distinct spec_pool tags seen (--max-spec-pools): new tags now share the pool '%s'",
+                    state.max_spec_pools, OTHER_POOL)
+    return OTHER_POOL
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down; retry on another replica", "server_error",
+                    code="server_shutting_down")
+
+
+async def _admit_and_submit(state: ServerState, req, encode, raw: Request, route: str,
+                            prompt_param: str) -> tuple[RequestHandle, str | None]:
+    """Admit (or 429), tokenize in a worker thread (the event loop keeps serving), check the context window,
+    submit. Returns the handle and the response's `seed_scope`."""
     engine = state.engine
+    if state.draining:
+        raise _shutting_down()
     if not engine.try_admit():                     # before tokenizing: a full queue costs nothing
         engine.metrics.rejected.inc()
         raise APIError(429, f"the server is busy: {engine.max_queued} requests are already queued; retry later",
                        "rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
     try:
-        prompt_ids = encode()
+        prompt_ids = await asyncio.to_thread(encode)
         max_len = state.max_model_len
         n = len(prompt_ids)
         want = req.requested_max_tokens()
-        if n >= max_len:
-            raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, your prompt is "
-                                f"{n} tokens, which leaves no room for a completion.", param="messages",
-                           code="context_length_exceeded")
-        if want is not None and n + want > max_len:
-            raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
-                                f"{n + want} tokens ({n} in the prompt, {want} for the completion). Please reduce the "
-                                "prompt or max_tokens.", param="max_tokens", code="context_length_exceeded")
+        if n >= max_len or (want is not None and n + want > max_len):
+            raise _context_error(max_len, n, want, prompt_param)
         try:
             params = req.sampling_params(want if want is not None else max_len - n)
         except ValueError as exc:
@@ -207,23 +301,31 @@ def _admit_and_submit(state: ServerState, req, encode, raw: Request, route: str)
         arm = "spec"
         if state.traffic_fraction < 1.0 and rollout_arm(request_id, state.traffic_fraction) == "plain":
             spec, arm = replace(spec, method="none", num_speculative_tokens=None), "plain"
-        return engine.submit(request_id, prompt_ids, params, spec, pool=req.spec_pool or route, arm=arm)
+        if state.closed:                           # drained while this request was tokenizing
+            raise _shutting_down()
+        handle = engine.submit(request_id, prompt_ids, params, spec, pool=_pool_for(state, req.spec_pool, route),
+                               arm=arm)
     except BaseException:
         engine.release_admission()
         raise
+    return handle, seed_scope(params, spec.method)
 
 
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request, chat: bool):
+CUT_MESSAGE = "the server shut down before this request finished (--drain-timeout reached)"
+
+
+async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request, chat: bool,
+                   seed_scope: str | None = None):
     rid = new_id("chatcmpl" if chat else "cmpl")
     created, model = now(), state.served_model_name
     obj = "chat.completion" if chat else "text_completion"
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream(handle, rid, created, model, chat, include_usage),
+        return StreamingResponse(_stream(handle, rid, created, model, chat, include_usage, seed_scope),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     task = asyncio.ensure_future(_collect(handle))
     try:
@@ -237,7 +339,7 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
                 return Response(status_code=499)
         text, final = task.result()
     except RequestAborted:
-        raise APIError(503, "the request was aborted (server shutting down)", "server_error") from None
+        raise APIError(503, CUT_MESSAGE, "server_error", code="server_shutting_down") from None
     except APIError:
         raise
     except Exception as exc:  # noqa: BLE001 - engine error for this request only
@@ -249,7 +351,8 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
                "logprobs": None} if chat else
               {"index": 0, "text": text, "finish_reason": final.finish_reason, "logprobs": None})
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
-            "usage": usage(stats.prompt_tokens, stats.completion_tokens), "speculative": speculative_stats(stats)}
+            "usage": usage(stats.prompt_tokens, stats.completion_tokens),
+            "speculative": speculative_stats(stats, seed_scope)}
 
 
 async def _collect(handle: RequestHandle):
@@ -260,7 +363,8 @@ async def _collect(handle: RequestHandle):
     return "".join(parts), final
 
 
-async def _stream(handle: RequestHandle, rid: str, created: int, model: str, chat: bool, include_usage: bool):
+async def _stream(handle: RequestHandle, rid: str, created: int, model: str, chat: bool, include_usage: bool,
+                  seed_scope: str | None = None):
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(text: str | None, finish_reason=None, role=False) -> dict:
@@ -277,7 +381,7 @@ async def _stream(handle: RequestHandle, rid: str, created: int, model: str, cha
         async for d in handle.deltas():
             if d.finished:
                 last = chunk(d.text or None, d.finish_reason)
-                last["speculative"] = speculative_stats(d.stats)
+                last["speculative"] = speculative_stats(d.stats, seed_scope)
                 yield _sse(last)
                 if include_usage:
                     yield _sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
@@ -286,7 +390,7 @@ async def _stream(handle: RequestHandle, rid: str, created: int, model: str, cha
                 yield _sse(chunk(d.text))
         yield "data: [DONE]\n\n"
     except RequestAborted:
-        yield _sse(error_body("the request was aborted (server shutting down)", "server_error"))
+        yield _sse(error_body(CUT_MESSAGE, "server_error", code="server_shutting_down"))
         yield "data: [DONE]\n\n"
     except Exception as exc:  # noqa: BLE001 - an error event, then [DONE]; never a silent truncation
         yield _sse(error_body(f"generation failed: {type(exc).__name__}: {exc}", "internal_error"))

@@ -1,15 +1,18 @@
 """OpenAI request/response shapes (pydantic), plus specdec's extension fields.
 
 Requests are validated here and mapped onto `SamplingParams`; anything invalid becomes an `APIError` with
-OpenAI's error shape and a 4xx status. Unknown fields are ignored (as OpenAI clients send many).
+OpenAI's error shape and a 4xx status. Unknown fields are ignored (as OpenAI clients send many), but the
+OpenAI fields that would change the answer and that specdec does not implement (tools, response_format,
+logit_bias, ...) are declared and refused by `check_supported`, unless they hold their harmless default.
 """
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from ..sampling_params import SamplingParams
 
@@ -27,7 +30,29 @@ class APIError(Exception):
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    # message and param may quote the client's input (a field name it sent): keep them short and encodable
+    return {"error": {"message": shown(message, 2000), "type": type_, "param": None if param is None else shown(param),
+                      "code": code}}
+
+
+def _valid_text(value: str) -> str:
+    # JSON allows "\ud800" on its own; it is no Unicode text, and tokenizers and UTF-8 encoders fail on it
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError("lone_surrogate", "contains a lone UTF-16 surrogate (such as \\ud800), "
+                                  "which is not valid Unicode text") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_valid_text)]
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1      # seed: the range of OpenAI's and vLLM's int64 seed
+
+
+def _unsupported(name: str, what: str | None = None) -> APIError:
+    """`what`: the subject of "... not supported", with its verb ("logprobs are")."""
+    return APIError(400, f"{what or name + ' is'} not supported by this server", param=name,
+                    code="unsupported_parameter")
 
 
 class SpeculativeOverride(BaseModel):
@@ -43,14 +68,14 @@ class StreamOptions(BaseModel):
 
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    model: str | None = None
+    model: Text | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0, le=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1)
@@ -59,16 +84,53 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = None
     logprobs: bool | int | None = None
     speculative: SpeculativeOverride | None = None
-    spec_pool: str | None = Field(default=None, min_length=1, max_length=64)   # acceptance pool tag (method auto)
+    spec_pool: Text | None = Field(default=None, min_length=1, max_length=64)   # acceptance pool tag (method auto)
+    # OpenAI fields specdec does not implement: declared so they are refused (400 naming the field) instead of
+    # silently dropped; their harmless defaults pass (see check_supported).
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: Any = None
+    logit_bias: dict[str, Any] | None = None
+    top_logprobs: int | None = None
+    prediction: Any = None
+    audio: Any = None
+    modalities: list[Any] | None = None
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
+    def check_supported(self) -> None:
+        """Refuse what would change the answer and is not implemented (before admission: costs nothing)."""
         if self.n != 1:
-            raise APIError(400, "only n=1 is supported", param="n")
+            raise APIError(400, "only n=1 is supported", param="n", code="unsupported_parameter")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
-                raise APIError(400, f"{name} is not supported (only 0)", param=name)
+                raise APIError(400, f"{name} is not supported (only 0)", param=name, code="unsupported_parameter")
         if self.logprobs:
-            raise APIError(400, "logprobs are not supported", param="logprobs")
+            raise _unsupported("logprobs", "logprobs are")
+        if self.top_logprobs:
+            raise _unsupported("top_logprobs", "top_logprobs (log probabilities) are")
+        if self.tools:
+            raise _unsupported("tools", "tool calling (tools) is")
+        if self.tool_choice not in (None, "none"):
+            raise _unsupported("tool_choice", "tool calling (tool_choice other than 'none') is")
+        if self.functions:
+            raise _unsupported("functions", "function calling (functions) is")
+        if self.function_call not in (None, "none"):
+            raise _unsupported("function_call", "function calling (function_call other than 'none') is")
+        if self.response_format is not None and self.response_format != {"type": "text"}:
+            raise _unsupported("response_format", "response_format other than {\"type\": \"text\"} (JSON mode, "
+                                                  "structured outputs) is")
+        if self.logit_bias:
+            raise _unsupported("logit_bias")
+        if self.prediction is not None:
+            raise _unsupported("prediction", "prediction (predicted outputs) is")
+        if self.audio is not None:
+            raise _unsupported("audio", "audio output is")
+        if self.modalities is not None and self.modalities != ["text"]:
+            raise _unsupported("modalities", "modalities other than [\"text\"] are")
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        self.check_supported()
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stop):
             raise APIError(400, "stop strings must be non-empty", param="stop")
@@ -81,13 +143,33 @@ class _Sampling(BaseModel):
 
 class ContentPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: Text
+
+
+_NON_TEXT_PARTS = {"image_url": "image", "input_image": "image", "image": "image", "input_audio": "audio",
+                   "audio": "audio", "file": "file", "input_file": "file", "video_url": "video"}
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: Text | list[ContentPart] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value):
+        # before the union is tried: otherwise an image part reads "Input should be a valid string"
+        if isinstance(value, list):
+            for part in value:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    what = _NON_TEXT_PARTS.get(kind)
+                    if what:
+                        raise PydanticCustomError("unsupported_content", f"{what} input is not supported "
+                                                  "(this server's model reads text only)")
+                    raise PydanticCustomError("unsupported_content", "content part type '{kind}' is not supported "
+                                              "(only 'text')", {"kind": shown(kind, 40)})
+        return value
 
     def text(self) -> str:
         if self.content is None:
@@ -106,11 +188,29 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] = Field(min_length=1)
+    prompt: Text | list[Text] | list[int] = Field(min_length=1)
     echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo:
+            raise APIError(400, "echo is not supported", param="echo", code="unsupported_parameter")
+        if self.suffix:
+            raise _unsupported("suffix", "suffix (insertion) is")
+        if self.best_of is not None and self.best_of != 1:
+            raise _unsupported("best_of", "best_of other than 1 is")
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+
+def shown(value: str, limit: int = 64) -> str:
+    """A client's string as echoed in an error message: short, and always encodable."""
+    if len(value) > limit:
+        value = f"{value[:limit]}... ({len(value)} characters)"
+    return value.encode("utf-8", "replace").decode("utf-8")
 
 
 def new_id(prefix: str) -> str:
@@ -126,9 +226,18 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def speculative_stats(stats: Any) -> dict:
-    """The per-request extension field: what speculation did for this request."""
-    return {k: getattr(stats, k) for k in
+def seed_scope(params: SamplingParams, method: str) -> str | None:
+    """What a seed reproduces: None (no seed, or greedy: the output is the same under every method),
+    "speculative_config" (the same seed with the same `speculative` method and k, as reported beside it, gives
+    the same completion) or "policy" (method auto chose, and its choices depend on load and history)."""
+    if params.seed is None or params.greedy:
+        return None
+    return "policy" if method == "auto" else "speculative_config"
+
+
+def speculative_stats(stats: Any, seed_scope: str | None = None) -> dict:
+    """The per-request extension field: what speculation did for this request, and `seed_scope` (above)."""
+    return {"seed_scope": seed_scope} | {k: getattr(stats, k) for k in
             ("method", "num_speculative_tokens", "draft_steps", "lookup_steps", "draft_tokens", "accepted_tokens",
              "acceptance_rate", "mean_accepted_length", "accepted_per_position", "target_forwards", "draft_time_s",
              "verify_time_s", "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "policy_reason")}

@@ -1,7 +1,9 @@
 """`specdec serve`: load the models, start uvicorn, print ready-to-paste examples, drain on SIGTERM."""
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import signal
 import sys
 
@@ -56,7 +58,7 @@ def run_server(args) -> int:
     import uvicorn
 
     from ..llm import LLM
-    from .app import ServerState, create_app
+    from .app import ServerState, create_app, drain
     from .async_engine import AsyncEngine
     from .metrics import ServerMetrics
 
@@ -68,6 +70,12 @@ def run_server(args) -> int:
         raise SpecDecError("--max-queued must be >= 0")
     if not 0 <= args.spec_traffic_fraction <= 1:
         raise SpecDecError("--spec-traffic-fraction must be in [0, 1]")
+    if args.max_request_bytes < 1:
+        raise SpecDecError("--max-request-bytes must be >= 1")
+    if args.max_spec_pools < 0:
+        raise SpecDecError("--max-spec-pools must be >= 0")
+    if args.drain_timeout < 0:
+        raise SpecDecError("--drain-timeout must be >= 0")
     try:
         scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                     **({"max_total_tokens": args.max_total_tokens} if args.max_total_tokens else {}))
@@ -85,7 +93,8 @@ def run_server(args) -> int:
     metrics = ServerMetrics(name)
     engine = AsyncEngine(llm, spec, args.max_queued, metrics, log_interval_s=args.log_interval)
     state = ServerState(llm, engine, name, api_key=args.api_key, drain_timeout_s=args.drain_timeout,
-                        traffic_fraction=args.spec_traffic_fraction)
+                        traffic_fraction=args.spec_traffic_fraction, max_request_bytes=args.max_request_bytes,
+                        max_spec_pools=args.max_spec_pools)
     app = create_app(state)
 
     class Server(uvicorn.Server):
@@ -94,8 +103,16 @@ def run_server(args) -> int:
             if self.started:
                 print(examples(args.host, args.port, name, args.api_key), file=sys.stderr, flush=True)
 
+        async def shutdown(self, sockets=None):
+            # The drain clock starts at the signal, beside uvicorn's wait for open connections: at the deadline
+            # the requests left are cut with an error, which ends their responses, so the connections close.
+            drained = asyncio.ensure_future(drain(state))
+            await super().shutdown(sockets)
+            await drained
+
+    # uvicorn's own deadline is only a backstop behind the drain (its expiry cancels handlers mid-body)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                            timeout_graceful_shutdown=int(args.drain_timeout))
+                            timeout_graceful_shutdown=math.ceil(args.drain_timeout) + 10)
     server = Server(config)
     # uvicorn drains on SIGTERM, then re-raises the signal once it is done; a no-op handler underneath makes
     # that re-raise harmless, so a drained shutdown exits 0.

@@ -1,0 +1,90 @@
+"""Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from the routes): API key, body guard."""
+from __future__ import annotations
+
+import hmac
+from typing import Callable
+
+from fastapi.responses import JSONResponse
+
+from .protocol import error_body, shown
+
+
+class BearerAuth:
+    """/v1/* needs the key. The scheme is case-insensitive (RFC 9110: `bearer KEY` is `Bearer KEY`); the key is
+    compared in constant time."""
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.key = api_key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            auth = dict(scope.get("headers") or []).get(b"authorization", b"")
+            scheme, _, token = auth.strip().partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                resp = JSONResponse(error_body("invalid or missing API key (send 'Authorization: Bearer KEY')",
+                                               "authentication_error", code="invalid_api_key"), status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class RequestGuard:
+    """Request bodies: over `max_bytes` -> 413 (at once when Content-Length says so,
+    else as soon as the count passes it, so an oversized body is never buffered whole); a POST to /v1/* whose
+    Content-Type is not JSON -> 415 saying to send JSON. The body is read here and replayed to the app."""
+
+    def __init__(self, app, max_bytes: Callable[[], int]):
+        self.app = app
+        self.limit = max_bytes              # read per request: the server's setting, changeable while it runs
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        max_bytes = self.limit()
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > max_bytes:
+            await _too_large(scope, receive, send, int(length), max_bytes)
+            return
+        ctype = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+        if scope["path"].startswith("/v1/") and not (ctype == "application/json" or
+                                                     (ctype.startswith("application/") and ctype.endswith("+json"))):
+            got = f"'{shown(ctype, 64)}'" if ctype else "none"
+            resp = JSONResponse(error_body(f"the request body must be JSON: send it with 'Content-Type: "
+                                           f"application/json' (got {got})", code="unsupported_media_type"),
+                                status_code=415, headers={"Connection": "close"})
+            await resp(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":        # the client went away mid-body
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > max_bytes:
+                await _too_large(scope, receive, send, None, max_bytes)
+                return
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()                          # later: http.disconnect, as the routes expect
+
+        await self.app(scope, replay, send)
+
+
+async def _too_large(scope, receive, send, length: int | None, max_bytes: int) -> None:
+    size = f"{length} bytes" if length is not None else f"over {max_bytes} bytes"
+    resp = JSONResponse(error_body(f"the request body is {size}; this server accepts at most {max_bytes} bytes "
+                                   "(--max-request-bytes)", code="request_too_large"),
+                        status_code=413, headers={"Connection": "close"})
+    await resp(scope, receive, send)
