@@ -21,6 +21,14 @@ def llm(tiny_dirs):
 
 
 @pytest.fixture(scope="module")
+def solo_llm(tiny_dirs):
+    """For the servers a test starts itself: an engine serves one server only, and the module's server (on `llm`)
+    stays up meanwhile."""
+    return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
+               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3), progress=False)
+
+
+@pytest.fixture(scope="module")
 def server(llm):
     with running_server(llm, SpeculativeConfig(method="draft", num_speculative_tokens=3)) as (url, state):
         yield url, state
@@ -228,10 +236,10 @@ def test_metrics_move(server, client, caplog):
     assert "throughput" in line
 
 
-def test_disconnect_mid_stream_and_while_queued_aborts(llm, monkeypatch):
+def test_disconnect_mid_stream_and_while_queued_aborts(solo_llm, monkeypatch):
     _slow_steps(monkeypatch)
-    with running_server(llm, SpeculativeConfig(method="draft", num_speculative_tokens=3), max_num_seqs=1) as srv:
-        _disconnects(srv, llm)
+    with running_server(solo_llm, SpeculativeConfig(method="draft", num_speculative_tokens=3), max_num_seqs=1) as srv:
+        _disconnects(srv, solo_llm)
 
 
 def _disconnects(server, llm):
@@ -277,9 +285,9 @@ def _disconnects(server, llm):
     assert _chat(client, "still there?", max_tokens=5).usage.completion_tokens >= 1
 
 
-def test_burst_beyond_queue_gets_429(llm):
+def test_burst_beyond_queue_gets_429(solo_llm):
     spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
-    with running_server(llm, spec, max_queued=2) as (url, state):
+    with running_server(solo_llm, spec, max_queued=2) as (url, state):
         body = {"messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 40, "temperature": 0,
                 "ignore_eos": True}
         solo = _post(url, body).json()["choices"][0]["message"]["content"]
@@ -301,7 +309,7 @@ def test_burst_beyond_queue_gets_429(llm):
         assert _metric(url, "specdec:request_rejected_total") == codes.count(429)
 
 
-def test_failing_request_does_not_take_down_others(llm, monkeypatch):
+def test_failing_request_does_not_take_down_others(solo_llm, monkeypatch):
     from specdec.engine import LLMEngine
 
     real = LLMEngine._commit
@@ -312,7 +320,7 @@ def test_failing_request_does_not_take_down_others(llm, monkeypatch):
         return real(self, seq, *args)
 
     monkeypatch.setattr(LLMEngine, "_commit", flaky)
-    with running_server(llm, SpeculativeConfig(method="none")) as (url, state):
+    with running_server(solo_llm, SpeculativeConfig(method="none")) as (url, state):
         bad = _post(url, {"prompt": [7, 8, 9], "max_tokens": 20, "ignore_eos": True}, path="/v1/completions")
         assert bad.status_code == 500 and "injected fault" in bad.json()["error"]["message"]
         with httpx.stream("POST", url + "/v1/completions", timeout=30,
@@ -324,8 +332,8 @@ def test_failing_request_does_not_take_down_others(llm, monkeypatch):
         assert httpx.get(url + "/health").status_code == 200
 
 
-def test_api_key(llm):
-    with running_server(llm, SpeculativeConfig(method="none"), api_key="sekret") as (url, _):
+def test_api_key(solo_llm):
+    with running_server(solo_llm, SpeculativeConfig(method="none"), api_key="sekret") as (url, _):
         r = _post(url, {"messages": MSG, "max_tokens": 2})
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
         r = _post(url, {"messages": MSG, "max_tokens": 2}, headers={"Authorization": "Bearer sekret"})
@@ -431,10 +439,10 @@ def test_bench_serve_bad_input(capsys):
     assert "cannot list models" in capsys.readouterr().err
 
 
-def test_auto_policy_rollout_pools_and_status(llm):
+def test_auto_policy_rollout_pools_and_status(solo_llm):
     from specdec.policy.pools import rollout_arm
 
-    with running_server(llm, SpeculativeConfig(method="auto")) as (url, state):
+    with running_server(solo_llm, SpeculativeConfig(method="auto")) as (url, state):
         state.traffic_fraction = 0.5
         arms = {}
         for i in range(16):

@@ -30,6 +30,13 @@ def llm(tiny_dirs):
 
 
 @pytest.fixture(scope="module")
+def solo_llm(tiny_dirs):
+    """For a server a test starts itself while the module's server (on `llm`) stays up: one engine per server."""
+    return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
+               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3), progress=False)
+
+
+@pytest.fixture(scope="module")
 def server(llm):
     with running_server(llm, SpeculativeConfig(method="draft", num_speculative_tokens=3)) as (url, state):
         yield url, state
@@ -310,8 +317,8 @@ def test_non_json_content_type_gets_a_hint(server):
     assert r.status_code == 200
 
 
-def test_bearer_scheme_is_case_insensitive(llm):
-    with running_server(llm, SpeculativeConfig(method="none"), api_key="sekret") as (url, _):
+def test_bearer_scheme_is_case_insensitive(solo_llm):
+    with running_server(solo_llm, SpeculativeConfig(method="none"), api_key="sekret") as (url, _):
         body = {"messages": MSG, "max_tokens": 2}
         for auth in ("Bearer sekret", "bearer sekret", "BEARER sekret"):
             assert _post(url, body, headers={"Authorization": auth}).status_code == 200, auth

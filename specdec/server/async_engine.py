@@ -161,7 +161,7 @@ class AsyncEngine:
                 self._add(handle)
             for handle in [h for h in self._handles.values() if h.aborted.is_set()]:
                 self._abort(handle)
-            if self.engine.has_unfinished():
+            if self._handles:               # only this server's requests are in the engine
                 try:
                     outputs = self.engine.step()
                 except Exception as exc:  # noqa: BLE001 - the engine's own failure: every request errs, loop goes on
