@@ -4,6 +4,7 @@ import torch
 
 from specdec import LLM, SamplingParams, SpeculativeConfig
 from specdec.models.loader import load_model
+from specdec.models.runner import forward_once
 from specdec.models.registry import BUILTIN_MODELS, DEFAULT_DRAFT, assemble
 
 pytestmark = pytest.mark.real_models
@@ -31,8 +32,7 @@ def test_real_0_5b_matches_transformers(draft_gguf):
     ref = Qwen2ForCausalLM.from_pretrained(draft_gguf.parent, gguf_file=draft_gguf.name, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         ref_logits = ref(torch.tensor([ids])).logits[0]
-    logits = ours.model.compute_logits(ours.model(torch.tensor([ids]), torch.arange(len(ids))[None],
-                                                  ours.model.new_kv_cache(len(ids))))[0]
+    logits = forward_once(ours.model, ids)
     assert torch.equal(logits.argmax(-1), ref_logits.argmax(-1))
     assert (logits - ref_logits).abs().max().item() < 1e-2
 
