@@ -20,7 +20,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default="none", choices=["none", "ngram", "draft", "auto"],
+    from .config import METHODS
+
+    p.add_argument("--method", default="none", choices=list(METHODS),
                    help="speculative method (auto: the policy picks method and k from a measured cost model)")
     p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=None,
                    help="draft tokens per step (default: 4 for draft, 8 for ngram)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 METHODS = ("none", "ngram", "draft", "auto")
+K_MIN, K_MAX = 1, 32                    # num_speculative_tokens (and auto's upper bound) everywhere: CLI, HTTP, policy
 
 # Defaults measured on the 2-core CPU (see README, "Choosing k"): the draft method peaks at k=4,
 # n-gram lookup (nearly free to propose) keeps gaining up to k=8 on edit-style prompts.
@@ -27,8 +28,8 @@ class SpeculativeConfig:
             self.num_speculative_tokens = DEFAULT_K[self.method]
         if self.method == "none":
             self.num_speculative_tokens = 0
-        elif not 1 <= self.num_speculative_tokens <= 32:
-            raise ValueError(f"num_speculative_tokens must be in 1..32, got {self.num_speculative_tokens}")
+        elif not K_MIN <= self.num_speculative_tokens <= K_MAX:
+            raise ValueError(f"num_speculative_tokens must be in {K_MIN}..{K_MAX}, got {self.num_speculative_tokens}")
         if self.quantization in ("none", ""):
             self.quantization = None
         if self.quantization not in (None, "int8"):

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import DEFAULT_K, METHODS, SpeculativeConfig
+from ..config import DEFAULT_K, K_MAX, K_MIN, METHODS, SpeculativeConfig
 from ..errors import SpecDecError
 from ..metrics.stats import peak_rss_mb
 from ..sampling_params import SamplingParams
@@ -66,8 +66,8 @@ class OfflineBenchConfig:
         bad = [p for p in self.peers if p not in PEERS]
         if bad:
             raise SpecDecError(f"unknown peer '{bad[0]}' (choose from: {', '.join(PEERS)})")
-        if not self.ks or any(not 1 <= k <= 32 for k in self.ks):
-            raise SpecDecError(f"--k values must be in 1..32, got {self.ks}")
+        if not self.ks or any(not K_MIN <= k <= K_MAX for k in self.ks):
+            raise SpecDecError(f"--k values must be in {K_MIN}..{K_MAX}, got {self.ks}")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise SpecDecError(f"--temperature values must be >= 0, got {self.temperatures}")
         if self.max_tokens < 1 or self.repeats < 1:

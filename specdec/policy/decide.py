@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..config import K_MAX, K_MIN
 from .cost_model import CostModel, StepBudget, best_k, expected_tokens
 
 
@@ -23,8 +24,8 @@ class PolicyConfig:
     explore_requests: int = 1         # requests per (pool, temperature bucket) each method gets before exploiting
 
     def __post_init__(self):
-        if not 1 <= self.k_max <= 32:
-            raise ValueError(f"k_max must be in 1..32, got {self.k_max}")
+        if not K_MIN <= self.k_max <= K_MAX:
+            raise ValueError(f"k_max must be in {K_MIN}..{K_MAX}, got {self.k_max}")
         if not 0 <= self.probe_fraction <= 1:
             raise ValueError(f"probe_fraction must be in [0, 1], got {self.probe_fraction}")
         if not 0 <= self.min_acceptance < 1:

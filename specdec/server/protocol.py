@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from ..config import K_MAX, K_MIN
 from ..sampling_params import SamplingParams
 
 
@@ -59,7 +60,7 @@ class SpeculativeOverride(BaseModel):
     """Per-request extension: `"speculative": {"method": "none"}` or `{"num_speculative_tokens": 2}`."""
     model_config = ConfigDict(extra="forbid")
     method: Literal["none", "ngram", "draft", "auto"] | None = None
-    num_speculative_tokens: int | None = Field(default=None, ge=1, le=32)
+    num_speculative_tokens: int | None = Field(default=None, ge=K_MIN, le=K_MAX)
 
 
 class StreamOptions(BaseModel):
