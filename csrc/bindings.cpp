@@ -32,7 +32,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
 
     const torch::Tensor xf = x.to(torch::kFloat32).contiguous();
     auto a8 = torch::empty({m, k}, torch::kInt8);
-    auto asum = torch::empty({m, ng}, torch::kInt32);
+    const int64_t stride = specdec::asum_stride(k, int(group));
+    auto asum = torch::empty({m, stride}, torch::kInt16);
     auto ascale = torch::empty({m, ns}, torch::kFloat32);
     auto out = torch::empty({m, n}, torch::kFloat32);
     torch::Tensor b;
@@ -46,12 +47,12 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
         pybind11::gil_scoped_release no_gil;
         const float* xp = xf.data_ptr<float>();
         int8_t* ap = a8.data_ptr<int8_t>();
-        int32_t* sp = asum.data_ptr<int32_t>();
+        int16_t* sp = asum.data_ptr<int16_t>();
         float* cp = ascale.data_ptr<float>();
         at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
-            specdec::quantize_rows(xp + r0 * k, r1 - r0, k, int(group), int(sb), ap + r0 * k, sp + r0 * ng, cp + r0 * ns);
+            specdec::quantize_rows(xp + r0 * k, r1 - r0, k, int(group), int(sb), ap + r0 * k, sp + r0 * stride, cp + r0 * ns);
         });
-        QAct xa{ap, sp, cp, m};
+        QAct xa{ap, sp, cp, m, stride};
         const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
         float* op = out.data_ptr<float>();
         // Threads split the output columns; each column's arithmetic is the same whoever computes it.

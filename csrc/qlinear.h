@@ -38,13 +38,16 @@ struct QWeight {
 
 struct QAct {
     const int8_t* a;        // [m, k]
-    const int32_t* asum;    // [m, NG]
+    const int16_t* asum;    // [m, asum_stride]: NG group sums (|sum| <= 32 * 127), then a zero pad to even
     const float* ascale;    // [m, NS]
     int64_t m;
+    int64_t asum_stride;    // NG rounded up to even, so two neighbouring groups load as one int32
 };
 
+inline int64_t asum_stride(int64_t k, int group) { return (k / group + 1) / 2 * 2; }
+
 // x: [m, k] fp32 -> a8, asum, ascale (the spans follow the weight's group and superblock).
-void quantize_rows(const float* x, int64_t m, int64_t k, int group, int sb, int8_t* a8, int32_t* asum,
+void quantize_rows(const float* x, int64_t m, int64_t k, int group, int sb, int8_t* a8, int16_t* asum,
                    float* ascale);
 
 // out[m, n] (fp32) for column blocks [cb0, cb1); bias may be null.

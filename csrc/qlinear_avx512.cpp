@@ -22,77 +22,88 @@ bool cpu_has_avx512_vnni() {
 
 namespace {
 
-constexpr int64_t ROW_TILE = 16;   // rows whose int32 sums stay in one L1-resident scratch block
+// An unaligned int32 that may alias int8 data: lets the compiler fold a 4-byte broadcast into the
+// memory operand of the dot-product instruction ({1to16}) instead of going through a general register.
+typedef int32_t __attribute__((may_alias, aligned(1))) i32u;
 
-SPECDEC_AVX512 inline __m512i bcast4(const int8_t* p) {  // 4 int8 activations into every lane
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
+SPECDEC_AVX512 inline __m512i bcast4(const void* p) { return _mm512_set1_epi32(*static_cast<const i32u*>(p)); }
+
+// Rows [r0, r0 + R) of column block cb. R rows' int32 sums (S, Mn) and fp32 results live in registers
+// (3R + GROUP/4 + 4 <= 32 for R <= 4); the group's unpacked tile is reused by all R rows.
+template <int BITS, int GROUP, int R>
+SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb, int64_t r0) {
+    constexpr int NREG = GROUP / 4;                 // registers per tile: 16 lanes x 4 k each
+    const int64_t ng = w.ngroups(), ns = w.nsuper(), tb = w.tile_bytes(), K = w.k, ngp = x.asum_stride;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < ns; ++s) {
+        __m512i S[R], Mn[R];
+        for (int r = 0; r < R; ++r) S[r] = Mn[r] = _mm512_setzero_si512();
+        const int64_t g0 = s * w.sb, g1 = std::min(ng, g0 + w.sb);
+        for (int64_t g = g0; g < g1; ++g) {
+            const uint8_t* tile = w.qw + (cb * ng + g) * tb;
+            __m512i W[NREG];
+            if constexpr (BITS == 4) {
+                for (int i = 0; i < NREG / 2; ++i) {
+                    const __m512i b = _mm512_loadu_si512(tile + 64 * i);
+                    W[2 * i] = _mm512_and_si512(b, low4);
+                    W[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
+                }
+            } else {
+                for (int j = 0; j < NREG; ++j) W[j] = _mm512_loadu_si512(tile + 64 * j);
+            }
+            const __m512i vsc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w.sc + (cb * ng + g) * 16)));
+            for (int r = 0; r < R; ++r) {
+                const int8_t* ar = x.a + (r0 + r) * K + g * GROUP;
+                __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();   // two chains for ILP
+                for (int j = 0; j < NREG; j += 2) {
+                    d0 = _mm512_dpbusd_epi32(d0, W[j], bcast4(ar + 4 * j));
+                    d1 = _mm512_dpbusd_epi32(d1, W[j + 1], bcast4(ar + 4 * j + 4));
+                }
+                S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), vsc));
+            }
+        }
+        // Mn = sum_g mn_g * asum_g: two groups per instruction (int16 pairs), a last odd group alone.
+        int64_t g = g0;
+        for (; g + 1 < g1; g += 2) {
+            const __m128i lo = _mm_loadu_si128((const __m128i*)(w.mn + (cb * ng + g) * 16));
+            const __m128i hi = _mm_loadu_si128((const __m128i*)(w.mn + (cb * ng + g + 1) * 16));
+            const __m512i pair = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi)));
+            for (int r = 0; r < R; ++r) Mn[r] = _mm512_dpwssd_epi32(Mn[r], pair, bcast4(x.asum + (r0 + r) * ngp + g));
+        }
+        if (g < g1) {
+            const __m512i one = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w.mn + (cb * ng + g) * 16)));
+            for (int r = 0; r < R; ++r)
+                Mn[r] = _mm512_add_epi32(Mn[r], _mm512_mullo_epi32(one, _mm512_set1_epi32(x.asum[(r0 + r) * ngp + g])));
+        }
+        const uint16_t* dm = w.dm + (cb * ns + s) * 32;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)dm));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + 16)));
+        for (int r = 0; r < R; ++r) {
+            // t = d*S - dmin*Mn (the second product fused, as std::fma in the portable kernel)
+            const __m512 t = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(Mn[r]), _mm512_mul_ps(_mm512_cvtepi32_ps(S[r]), d));
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x.ascale[(r0 + r) * ns + s]), t, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        __m512 v = acc[r];
+        if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + cb * 16));
+        _mm512_storeu_ps(out + (r0 + r) * w.n + cb * 16, v);
+    }
 }
 
 template <int BITS, int GROUP>
-SPECDEC_AVX512 void kernel(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0,
-                           int64_t cb1) {
-    constexpr int NREG = GROUP / 4;                 // registers per tile: 16 lanes x 4 k each
-    const int64_t ng = w.ngroups(), ns = w.nsuper(), tb = w.tile_bytes(), K = w.k;
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    alignas(64) int32_t S[ROW_TILE][16], Mn[ROW_TILE][16];
-    alignas(64) float acc[ROW_TILE][16];
+SPECDEC_AVX512 void kernel(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
+    // Row tiles of 4, then one of the remainder; the tile a row lands in never changes its arithmetic.
     for (int64_t cb = cb0; cb < cb1; ++cb) {
-        for (int64_t r0 = 0; r0 < x.m; r0 += ROW_TILE) {
-            const int64_t rows = std::min(ROW_TILE, x.m - r0);
-            for (int64_t r = 0; r < rows; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
-            for (int64_t s = 0; s < ns; ++s) {
-                for (int64_t r = 0; r < rows; ++r) {
-                    _mm512_store_si512(S[r], _mm512_setzero_si512());
-                    _mm512_store_si512(Mn[r], _mm512_setzero_si512());
-                }
-                const int64_t g1 = std::min(ng, (s + 1) * w.sb);
-                for (int64_t g = s * w.sb; g < g1; ++g) {
-                    const uint8_t* tile = w.qw + (cb * ng + g) * tb;
-                    __m512i W[NREG];
-                    if constexpr (BITS == 4) {
-                        for (int i = 0; i < NREG / 2; ++i) {
-                            const __m512i b = _mm512_loadu_si512(tile + 64 * i);
-                            W[2 * i] = _mm512_and_si512(b, low4);
-                            W[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
-                        }
-                    } else {
-                        for (int j = 0; j < NREG; ++j) W[j] = _mm512_loadu_si512(tile + 64 * j);
-                    }
-                    const __m512i vsc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w.sc + (cb * ng + g) * 16)));
-                    const __m512i vmn = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w.mn + (cb * ng + g) * 16)));
-                    const int8_t* ag = x.a + r0 * K + g * GROUP;
-                    const int32_t* sg = x.asum + r0 * ng + g;
-                    for (int64_t r = 0; r < rows; ++r) {
-                        const int8_t* ar = ag + r * K;
-                        __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();   // two chains for ILP
-                        for (int j = 0; j < NREG; j += 2) {
-                            d0 = _mm512_dpbusd_epi32(d0, W[j], bcast4(ar + 4 * j));
-                            d1 = _mm512_dpbusd_epi32(d1, W[j + 1], bcast4(ar + 4 * j + 4));
-                        }
-                        const __m512i isum = _mm512_add_epi32(d0, d1);
-                        _mm512_store_si512(S[r], _mm512_add_epi32(_mm512_load_si512(S[r]), _mm512_mullo_epi32(isum, vsc)));
-                        _mm512_store_si512(Mn[r], _mm512_add_epi32(_mm512_load_si512(Mn[r]),
-                                                                   _mm512_mullo_epi32(vmn, _mm512_set1_epi32(sg[r * ng]))));
-                    }
-                }
-                const uint16_t* dm = w.dm + (cb * ns + s) * 32;
-                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)dm));
-                const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + 16)));
-                for (int64_t r = 0; r < rows; ++r) {
-                    // t = d*S - dmin*Mn (the second product fused, as std::fma in the portable kernel)
-                    const __m512 t = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(_mm512_load_si512(Mn[r])),
-                                                      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(S[r])), d));
-                    const __m512 a = _mm512_set1_ps(x.ascale[(r0 + r) * ns + s]);
-                    _mm512_store_ps(acc[r], _mm512_fmadd_ps(a, t, _mm512_load_ps(acc[r])));
-                }
-            }
-            for (int64_t r = 0; r < rows; ++r) {
-                __m512 v = _mm512_load_ps(acc[r]);
-                if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + cb * 16));
-                _mm512_storeu_ps(out + (r0 + r) * w.n + cb * 16, v);
-            }
+        int64_t r0 = 0;
+        for (; r0 + 4 <= x.m; r0 += 4) rows_tile<BITS, GROUP, 4>(w, x, bias, out, cb, r0);
+        switch (x.m - r0) {
+            case 3: rows_tile<BITS, GROUP, 3>(w, x, bias, out, cb, r0); break;
+            case 2: rows_tile<BITS, GROUP, 2>(w, x, bias, out, cb, r0); break;
+            case 1: rows_tile<BITS, GROUP, 1>(w, x, bias, out, cb, r0); break;
+            default: break;
         }
     }
 }

@@ -12,9 +12,9 @@ namespace specdec {
 
 float half_to_float(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
 
-void quantize_rows(const float* x, int64_t m, int64_t k, int group, int sb, int8_t* a8, int32_t* asum,
+void quantize_rows(const float* x, int64_t m, int64_t k, int group, int sb, int8_t* a8, int16_t* asum,
                    float* ascale) {
-    const int64_t ng = k / group, ns = (ng + sb - 1) / sb, span = int64_t(group) * sb;
+    const int64_t ng = k / group, ns = (ng + sb - 1) / sb, span = int64_t(group) * sb, stride = asum_stride(k, group);
     for (int64_t r = 0; r < m; ++r) {
         const float* xr = x + r * k;
         int8_t* ar = a8 + r * k;
@@ -29,10 +29,10 @@ void quantize_rows(const float* x, int64_t m, int64_t k, int group, int sb, int8
                 ar[i] = int8_t(std::max(-127.f, std::min(127.f, v)));
             }
         }
-        for (int64_t g = 0; g < ng; ++g) {
+        for (int64_t g = 0; g < stride; ++g) {
             int32_t t = 0;
-            for (int64_t i = g * group; i < (g + 1) * group; ++i) t += ar[i];
-            asum[r * ng + g] = t;
+            for (int64_t i = g * group; g < ng && i < (g + 1) * group; ++i) t += ar[i];
+            asum[r * stride + g] = int16_t(t);
         }
     }
 }
@@ -62,7 +62,7 @@ void qlinear_portable(const QWeight& w, const QAct& x, const float* bias, float*
                         int32_t isum = 0;
                         for (int kk = 0; kk < w.group; ++kk) isum += code(tile, w.bits, c, kk) * ar[g * w.group + kk];
                         S += int32_t(w.sc[(cb * ng + g) * 16 + c]) * isum;
-                        Mn += int32_t(w.mn[(cb * ng + g) * 16 + c]) * x.asum[r * ng + g];
+                        Mn += int32_t(w.mn[(cb * ng + g) * 16 + c]) * x.asum[r * x.asum_stride + g];
                     }
                     const uint16_t* dm = w.dm + (cb * ns + s) * 32;
                     const float d = half_to_float(dm[c]), dmin = half_to_float(dm[16 + c]);
