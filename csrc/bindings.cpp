@@ -30,7 +30,9 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
     TORCH_CHECK(impl != 2 || avx, "qlinear: this CPU lacks AVX-512 VNNI");
     const bool use_avx = avx && impl != 1;
 
-    const torch::Tensor xf = x.to(torch::kFloat32).contiguous();
+    // bf16 and fp32 inputs are read as they are (bf16 -> fp32 is exact); other dtypes convert to fp32
+    const torch::Tensor xf = x.scalar_type() == torch::kBFloat16 ? x.contiguous() : x.to(torch::kFloat32).contiguous();
+    const bool bf16_in = xf.scalar_type() == torch::kBFloat16;
     auto a8 = torch::empty({m, k}, torch::kInt8);
     const int64_t stride = specdec::asum_stride(k, int(group));
     auto asum = torch::empty({m, stride}, torch::kInt16);
@@ -45,12 +47,22 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
               reinterpret_cast<const uint16_t*>(dm.data_ptr<at::Half>()), n, k, int(bits), int(group), int(sb)};
     {
         pybind11::gil_scoped_release no_gil;
-        const float* xp = xf.data_ptr<float>();
+        const void* xp = xf.data_ptr();
         int8_t* ap = a8.data_ptr<int8_t>();
         int16_t* sp = asum.data_ptr<int16_t>();
         float* cp = ascale.data_ptr<float>();
         at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
-            specdec::quantize_rows(xp + r0 * k, r1 - r0, k, int(group), int(sb), ap + r0 * k, sp + r0 * stride, cp + r0 * ns);
+            auto run = [&](auto* x0) {
+                using T = std::remove_const_t<std::remove_pointer_t<decltype(x0)>>;
+                if (use_avx)
+                    specdec::quantize_rows_avx512<T>(x0 + r0 * k, r1 - r0, k, int(group), int(sb), ap + r0 * k, sp + r0 * stride, cp + r0 * ns);
+                else
+                    specdec::quantize_rows<T>(x0 + r0 * k, r1 - r0, k, int(group), int(sb), ap + r0 * k, sp + r0 * stride, cp + r0 * ns);
+            };
+            if (bf16_in)
+                run(static_cast<const uint16_t*>(xp));
+            else
+                run(static_cast<const float*>(xp));
         });
         QAct xa{ap, sp, cp, m, stride};
         const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;

@@ -46,9 +46,22 @@ struct QAct {
 
 inline int64_t asum_stride(int64_t k, int group) { return (k / group + 1) / 2 * 2; }
 
-// x: [m, k] fp32 -> a8, asum, ascale (the spans follow the weight's group and superblock).
-void quantize_rows(const float* x, int64_t m, int64_t k, int group, int sb, int8_t* a8, int16_t* asum,
-                   float* ascale);
+// x: [m, k] fp32, or bf16 given as its raw bits (uint16_t) -> a8, asum, ascale (the spans follow the
+// weight's group and superblock). Both versions round identically: amax and the int sums are exact, the
+// scale is one IEEE division, each code one IEEE product rounded half to even.
+template <typename T>
+void quantize_rows(const T* x, int64_t m, int64_t k, int group, int sb, int8_t* a8, int16_t* asum, float* ascale);
+template <typename T>
+void quantize_rows_avx512(const T* x, int64_t m, int64_t k, int group, int sb, int8_t* a8, int16_t* asum,
+                          float* ascale);
+
+inline float to_float(float v) { return v; }
+inline float to_float(uint16_t bf16_bits) {   // bf16 -> fp32 is exact: the bits are the top half
+    const uint32_t u = uint32_t(bf16_bits) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
 
 // out[m, n] (fp32) for column blocks [cb0, cb1); bias may be null.
 void qlinear_portable(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1);

@@ -12,20 +12,20 @@ namespace specdec {
 
 float half_to_float(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
 
-void quantize_rows(const float* x, int64_t m, int64_t k, int group, int sb, int8_t* a8, int16_t* asum,
-                   float* ascale) {
+template <typename T>
+void quantize_rows(const T* x, int64_t m, int64_t k, int group, int sb, int8_t* a8, int16_t* asum, float* ascale) {
     const int64_t ng = k / group, ns = (ng + sb - 1) / sb, span = int64_t(group) * sb, stride = asum_stride(k, group);
     for (int64_t r = 0; r < m; ++r) {
-        const float* xr = x + r * k;
+        const T* xr = x + r * k;
         int8_t* ar = a8 + r * k;
         for (int64_t s = 0; s < ns; ++s) {
             const int64_t k0 = s * span, k1 = std::min(k, k0 + span);
             float amax = 0.f;
-            for (int64_t i = k0; i < k1; ++i) amax = std::max(amax, std::fabs(xr[i]));
+            for (int64_t i = k0; i < k1; ++i) amax = std::max(amax, std::fabs(to_float(xr[i])));
             const float inv = amax > 0.f ? 127.f / amax : 0.f;
             ascale[r * ns + s] = amax / 127.f;
             for (int64_t i = k0; i < k1; ++i) {
-                const float v = std::nearbyint(xr[i] * inv);   // round half to even
+                const float v = std::nearbyint(to_float(xr[i]) * inv);   // round half to even
                 ar[i] = int8_t(std::max(-127.f, std::min(127.f, v)));
             }
         }
@@ -36,6 +36,8 @@ void quantize_rows(const float* x, int64_t m, int64_t k, int group, int sb, int8
         }
     }
 }
+template void quantize_rows<float>(const float*, int64_t, int64_t, int, int, int8_t*, int16_t*, float*);
+template void quantize_rows<uint16_t>(const uint16_t*, int64_t, int64_t, int, int, int8_t*, int16_t*, float*);
 
 namespace {
 
