@@ -15,7 +15,7 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
                       int64_t bits, int64_t group, int64_t sb, int64_t impl) {
     // x: [m, k] (any float dtype); returns [m, n] fp32
     TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), "qlinear: x must be a 2-D CPU tensor");
-    TORCH_CHECK((bits == 4 || bits == 8) && (group == 16 || group == 32) && sb >= 1, "qlinear: bad format");
+    TORCH_CHECK((bits == 4 || bits == 6 || bits == 8) && (group == 16 || group == 32) && sb >= 1, "qlinear: bad format");
     TORCH_CHECK(qw.dtype() == torch::kUInt8 && sc.dtype() == torch::kInt8 && mn.dtype() == torch::kInt8 &&
                 dm.dtype() == torch::kFloat16, "qlinear: packed tensors have the wrong dtypes");
     TORCH_CHECK(qw.is_contiguous() && sc.is_contiguous() && mn.is_contiguous() && dm.is_contiguous(),

@@ -44,11 +44,21 @@ SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias
         for (int64_t g = g0; g < g1; ++g) {
             const uint8_t* tile = w.qw + (cb * ng + g) * tb;
             __m512i W[NREG];
-            if constexpr (BITS == 4) {
+            if constexpr (BITS == 4 || BITS == 6) {
                 for (int i = 0; i < NREG / 2; ++i) {
                     const __m512i b = _mm512_loadu_si512(tile + 64 * i);
                     W[2 * i] = _mm512_and_si512(b, low4);
                     W[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
+                }
+                if constexpr (BITS == 6) {   // add the top 2 bits: (plane >> 2j) & 3, moved to bits 4-5
+                    const __m512i two = _mm512_set1_epi8(0x03);
+                    for (int h = 0; h < NREG / 4; ++h) {
+                        const __m512i hb = _mm512_loadu_si512(tile + GROUP * 8 + 64 * h);
+                        W[4 * h] = _mm512_or_si512(W[4 * h], _mm512_slli_epi16(_mm512_and_si512(hb, two), 4));
+                        W[4 * h + 1] = _mm512_or_si512(W[4 * h + 1], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), two), 4));
+                        W[4 * h + 2] = _mm512_or_si512(W[4 * h + 2], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4), two), 4));
+                        W[4 * h + 3] = _mm512_or_si512(W[4 * h + 3], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 6), two), 4));
+                    }
                 }
             } else {
                 for (int j = 0; j < NREG; ++j) W[j] = _mm512_loadu_si512(tile + 64 * j);
@@ -162,6 +172,8 @@ void qlinear_avx512(const QWeight& w, const QAct& x, const float* bias, float* o
     if (w.bits == 8 && w.group == 32) return kernel<8, 32>(w, x, bias, out, cb0, cb1);
     if (w.bits == 8 && w.group == 16) return kernel<8, 16>(w, x, bias, out, cb0, cb1);
     if (w.bits == 4 && w.group == 16) return kernel<4, 16>(w, x, bias, out, cb0, cb1);
+    if (w.bits == 6 && w.group == 16) return kernel<6, 16>(w, x, bias, out, cb0, cb1);
+    if (w.bits == 6 && w.group == 32) return kernel<6, 32>(w, x, bias, out, cb0, cb1);
     qlinear_portable(w, x, bias, out, cb0, cb1);   // formats without a vector kernel
 }
 

@@ -42,10 +42,13 @@ template void quantize_rows<uint16_t>(const uint16_t*, int64_t, int64_t, int, in
 namespace {
 
 // Code of column c, offset kk within its group's tile (see the layout in qlinear.h).
-inline int32_t code(const uint8_t* tile, int bits, int c, int kk) {
+inline int32_t code(const uint8_t* tile, int bits, int group, int c, int kk) {
     if (bits == 8) return tile[(kk / 4) * 64 + c * 4 + kk % 4];
     const uint8_t b = tile[(kk / 8) * 64 + c * 4 + kk % 4];
-    return (kk % 8) < 4 ? (b & 0x0F) : (b >> 4);
+    const int32_t low = (kk % 8) < 4 ? (b & 0x0F) : (b >> 4);
+    if (bits == 4) return low;
+    const uint8_t h = tile[group * 8 + (kk / 16) * 64 + c * 4 + kk % 4];
+    return low | (((h >> (2 * ((kk % 16) / 4))) & 3) << 4);
 }
 
 }  // namespace
@@ -62,7 +65,7 @@ void qlinear_portable(const QWeight& w, const QAct& x, const float* bias, float*
                     for (int64_t g = s * w.sb; g < std::min(ng, (s + 1) * w.sb); ++g) {
                         const uint8_t* tile = w.qw + (cb * ng + g) * tb;
                         int32_t isum = 0;
-                        for (int kk = 0; kk < w.group; ++kk) isum += code(tile, w.bits, c, kk) * ar[g * w.group + kk];
+                        for (int kk = 0; kk < w.group; ++kk) isum += code(tile, w.bits, w.group, c, kk) * ar[g * w.group + kk];
                         S += int32_t(w.sc[(cb * ng + g) * 16 + c]) * isum;
                         Mn += int32_t(w.mn[(cb * ng + g) * 16 + c]) * x.asum[r * x.asum_stride + g];
                     }

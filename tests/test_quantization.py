@@ -17,8 +17,8 @@ from specdec.models.quantization.blocks import dequantize, pack, quantize_int4, 
 ext = pytest.importorskip("specdec._C", reason="specdec._C not built (needs a C++ compiler at install)")
 from specdec.models.quantization.linear import BlockQuantLinear  # noqa: E402
 
-# (bits, group, span): the formats GGUF blocks map onto (Q4_K, Q6_K, Q8_0 / Q5_0) and one more
-FORMATS = [(4, 32, 256), (8, 16, 256), (8, 32, 32), (4, 16, 32)]
+# (bits, group, span): the formats GGUF blocks map onto (Q4_K, Q6_K, Q8_0 / Q5_0) and more
+FORMATS = [(4, 32, 256), (6, 16, 256), (8, 32, 32), (4, 16, 32), (8, 16, 256), (6, 32, 32)]
 
 
 def _linear(n=80, k=896, fmt=(4, 32, 256), bias=True, seed=0):
@@ -27,6 +27,19 @@ def _linear(n=80, k=896, fmt=(4, 32, 256), bias=True, seed=0):
     codes = widen(quantize_int4(w), *fmt)
     b = torch.randn(n, generator=g) if bias else None
     return BlockQuantLinear(pack(codes), b), dequantize(codes), b
+
+
+def _random_codes(bits, group, span, n=80, k=896, seed=0):
+    """Codes over the whole range of `bits` (quantize_int4 only ever makes 0..15)."""
+    from specdec.models.quantization.blocks import BlockCodes
+
+    g = torch.Generator().manual_seed(seed)
+    ng, sb = k // group, span // group
+    ns = -(-ng // sb)
+    i8 = lambda lo, hi, shape: torch.randint(lo, hi, shape, generator=g).to(torch.int8)
+    return BlockCodes(torch.randint(0, 1 << bits, (n, k), generator=g).to(torch.uint8), i8(-60, 64, (n, ng)),
+                      i8(-60, 64, (n, ng)), (torch.rand(n, ns, generator=g) * 1e-3).half(),
+                      (torch.rand(n, ns, generator=g) * 1e-3).half(), bits, group, sb).check()
 
 
 def _run(lin, x, impl):
@@ -74,6 +87,17 @@ def test_portable_kernel_equals_avx512(fmt):
     lin, _, _ = _linear(fmt=fmt)
     x = torch.randn(19, 896)
     assert torch.equal(_run(lin, x, "portable"), _run(lin, x, "avx512"))
+    lin = BlockQuantLinear(pack(_random_codes(*fmt)), torch.randn(80))
+    assert torch.equal(_run(lin, x, "portable"), _run(lin, x, "avx512"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kernel_full_code_range_matches_reference(fmt):
+    codes = _random_codes(*fmt)
+    x = torch.randn(5, 896, generator=torch.Generator().manual_seed(2))
+    ref = x @ dequantize(codes).T
+    out = BlockQuantLinear(pack(codes), None)(x)
+    assert ((out - ref).norm() / ref.norm()) < 0.02
 
 
 def test_out_features_not_a_multiple_of_16():
@@ -119,7 +143,7 @@ def test_gguf_blocks_map_without_loss(qtype):
     codes = codes_from_gguf(tensor)
     ref = torch.from_numpy(gguf.quants.dequantize(raw, tensor.tensor_type).reshape(n, k).astype(np.float32))
     assert torch.equal(dequantize(codes), ref)          # bit for bit
-    assert (codes.bits, codes.group) == {"Q4_K": (4, 32), "Q6_K": (8, 16)}.get(qtype, (8, 32))
+    assert (codes.bits, codes.group) == {"Q4_K": (4, 32), "Q6_K": (6, 16)}.get(qtype, (8, 32))
     # and the kernel computes with exactly those weights
     x = torch.randn(4, k, generator=torch.Generator().manual_seed(1))
     out = BlockQuantLinear(pack(codes), None)(x)

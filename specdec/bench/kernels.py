@@ -8,7 +8,7 @@ M-row forward in one-row forwards: what speculation must beat.
 
 Methods: bf16 (oneDNN packed, today's default), aten-int4 (`_weight_int4pack_mm_for_cpu`, group 32),
 aten-int8 (`_weight_int8pack_mm`, per channel), ours (specdec._C, 4-bit group 32 as built from Q4_K),
-ours-q6 (the same kernel on 8-bit codes in 16-k groups: how the GGUF's Q6_K tensors are held exactly).
+ours-q6 (the same kernel on 6-bit codes in 16-k groups: how the GGUF's Q6_K tensors are held exactly).
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ METHODS = {
     "aten-int4": _aten_int4,
     "aten-int8": _aten_int8,
     "ours": _ours,
-    "ours-q6": lambda n, k: _ours(n, k, bits=8, group=16, sb=16),
+    "ours-q6": lambda n, k: _ours(n, k, bits=6, group=16, sb=16),
 }
 
 

@@ -197,7 +197,7 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
     quantization (vLLM's name; `quantize` is the older alias): "none" (default: oneDNN-packed linears
     on CPU unless pack=False), "int8" (weight-only per-channel, e.g. for a draft whose steps are one
     token) or "int4" (group-32 blocks on specdec's own CPU kernel; from a GGUF, its Q4_K / Q6_K / Q8_0 /
-    Q5_0 blocks are kept without loss). int4 has its own conversion-cache entry (`<dtype>-int4`).
+    Q5_0 blocks are kept without loss). int4 has its own conversion-cache entry (`<dtype>-int4-v<N>`).
     """
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
@@ -215,8 +215,11 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
 
         load_kernels()   # fail fast, before a long conversion, when the extension is missing
     name, source = resolve_source(spec, progress=progress)
-    entry = cache_dir() / "converted" / f"{source.stem}-{_source_key(source)}" / (
-        _dtype_name(dtype) + ("-int4" if scheme == "int4" else ""))
+    entry = cache_dir() / "converted" / f"{source.stem}-{_source_key(source)}" / _dtype_name(dtype)
+    if scheme == "int4":   # its own entry, named with the packed layout's version
+        from .quantization.blocks import FORMAT_VERSION
+
+        entry = entry.with_name(f"{entry.name}-int4-v{FORMAT_VERSION}")
     converted = False
     if not (entry / "model.safetensors").is_file():
         converted = True

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+FORMAT_VERSION = 2       # of the packed layout; part of the conversion-cache key (v2: 6-bit codes for Q6_K)
 INT4_GROUP = 32          # k per group (scale and offset per group, as in Q4_K)
 INT4_SUPERBLOCK = 8      # groups per superblock: 256 k share one fp16 d and dmin
 
@@ -40,7 +41,7 @@ class BlockCodes:
         n, k = self.q.shape
         ng = k // self.group
         ns = -(-ng // self.sb)
-        assert k % self.group == 0 and self.bits in (4, 8) and self.group in (16, 32), (k, self.bits, self.group)
+        assert k % self.group == 0 and self.bits in (4, 6, 8) and self.group in (16, 32), (k, self.bits, self.group)
         assert self.sc.shape == self.mn.shape == (n, ng) and self.d.shape == self.dmin.shape == (n, ns)
         assert int(self.q.max()) < (1 << self.bits) if self.q.numel() else True
         return self
@@ -116,7 +117,7 @@ def concat(parts: list[BlockCodes]) -> BlockCodes:
 @dataclass
 class PackedBlocks:
     """The kernel's layout (csrc/qlinear.h); what the conversion cache stores for a quantized linear."""
-    qw: torch.Tensor       # uint8 [N/16, NG, group*16*bits/8]
+    qw: torch.Tensor       # uint8 [N/16, NG, group*16*bits/8] (bits 4, 6 or 8)
     sc: torch.Tensor       # int8  [N/16, NG, 16]
     mn: torch.Tensor       # int8  [N/16, NG, 16]
     dm: torch.Tensor       # fp16  [N/16, NS, 2, 16]
@@ -158,11 +159,15 @@ def pack(c: BlockCodes) -> PackedBlocks:
     nb, ng = n // 16, k // c.group
     q = c.q.view(nb, 16, ng, c.group)
     if c.bits == 8:   # byte c*4+t of chunk j = q[c, 4j+t]
-        qw = q.view(nb, 16, ng, c.group // 4, 4).permute(0, 2, 3, 1, 4)
-    else:             # chunk i: low nibble q[c, 8i+t], high nibble q[c, 8i+4+t]
-        q = q.view(nb, 16, ng, c.group // 8, 2, 4)
-        qw = (q[..., 0, :] | (q[..., 1, :] << 4)).permute(0, 2, 3, 1, 4)
+        qw = q.view(nb, 16, ng, c.group // 4, 4).permute(0, 2, 3, 1, 4).reshape(nb, ng, -1)
+    else:             # chunk i: low nibble q[c, 8i+t], high nibble q[c, 8i+4+t] (low 4 bits of each code)
+        lo = (q & 15).view(nb, 16, ng, c.group // 8, 2, 4)
+        qw = (lo[..., 0, :] | (lo[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(nb, ng, -1)
+        if c.bits == 6:  # + top-2-bit plane: chunk h, byte c*4+t, bits 2j..2j+1 = q[c, 16h+4j+t] >> 4
+            hi = (q >> 4).view(nb, 16, ng, c.group // 16, 4, 4)
+            plane = hi[..., 0, :] | (hi[..., 1, :] << 2) | (hi[..., 2, :] << 4) | (hi[..., 3, :] << 6)
+            qw = torch.cat([qw, plane.permute(0, 2, 3, 1, 4).reshape(nb, ng, -1)], dim=2)
     per_col = lambda t: t.view(nb, 16, -1).transpose(1, 2).contiguous()     # [N, X] -> [N/16, X, 16]
     dm = torch.stack([per_col(c.d), per_col(c.dmin)], dim=2)                # [N/16, NS, 2, 16]
-    return PackedBlocks(qw.reshape(nb, ng, -1).contiguous(), per_col(c.sc), per_col(c.mn), dm.contiguous(),
+    return PackedBlocks(qw.contiguous(), per_col(c.sc), per_col(c.mn), dm.contiguous(),
                         c.bits, c.group, c.sb, n_out)

@@ -5,7 +5,7 @@ Each supported GGUF block type is an instance of  w = d*sc*q - dmin*mn  (blocks.
 | GGUF type | block | maps to | exact? |
 |---|---|---|---|
 | Q4_K | 256 k: fp16 d, dmin; 8 x (6-bit sc, 6-bit m); 4-bit q | bits 4, group 32, sb 8: sc, mn = sc, m | yes |
-| Q6_K | 256 k: fp16 d; 16 x int8 sc; 6-bit q (signed, -32..31) | bits 8, group 16, sb 16: q+32, mn = sc, dmin = 32 d | yes |
+| Q6_K | 256 k: fp16 d; 16 x int8 sc; 6-bit q (signed, -32..31) | bits 6, group 16, sb 16: q+32, mn = sc, dmin = 32 d | yes |
 | Q8_0 | 32 k: fp16 d; int8 q | bits 8, group 32, sb 1: q+128, sc = mn = 1, dmin = 128 d | yes |
 | Q5_0 | 32 k: fp16 d; 5-bit q (q-16) | bits 8, group 32, sb 1: q, sc = mn = 1, dmin = 16 d | yes |
 
@@ -41,7 +41,8 @@ def _q4_k(raw: np.ndarray, n: int, k: int) -> BlockCodes:
                       t(d, np.float16).view(n, -1), t(dmin, np.float16).view(n, -1), 4, 32, 8)
 
 
-def _from_dequantized(w: np.ndarray, d: np.ndarray, sc: np.ndarray, zero: int, group: int, sb: int) -> BlockCodes:
+def _from_dequantized(w: np.ndarray, d: np.ndarray, sc: np.ndarray, zero: int, group: int, sb: int,
+                      bits: int = 8) -> BlockCodes:
     """Symmetric formats: w = d*sc*(code - zero); recover code exactly from gguf's float output."""
     n, k = w.shape
     step = (d.astype(np.float64).repeat(sb, axis=1)[:, : k // group] * sc)             # [N, NG]
@@ -51,7 +52,7 @@ def _from_dequantized(w: np.ndarray, d: np.ndarray, sc: np.ndarray, zero: int, g
     t = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a).astype(dt))
     d16 = d.astype(np.float16)
     return BlockCodes(t(q.reshape(n, k), np.uint8), t(sc, np.int8), t(sc, np.int8), t(d16, np.float16),
-                      t(d16.astype(np.float32) * zero, np.float16), 8, group, sb)
+                      t(d16.astype(np.float32) * zero, np.float16), bits, group, sb)
 
 
 ROW_CHUNK = 8192   # rows converted at a time: the fp64 checks of a 151936-row head would need ~8 GB at once
@@ -79,7 +80,7 @@ def _codes_from_rows(raw: np.ndarray, k: int, qtype, tensor_name: str) -> BlockC
         b = raw.reshape(-1, 210)
         sc = b[:, 192:208].copy().view(np.int8).reshape(n, -1)                  # [N, K/16]
         d = b[:, 208:210].copy().view(np.float16).reshape(n, -1)               # [N, K/256]
-        codes = _from_dequantized(ref, d, sc, 32, 16, 16)
+        codes = _from_dequantized(ref, d, sc, 32, 16, 16, bits=6)
     else:  # Q8_0 (34-byte blocks), Q5_0 (22-byte blocks): fp16 d first, one scale per 32 k
         size = 34 if name == "Q8_0" else 22
         d = raw.reshape(-1, size)[:, 0:2].copy().view(np.float16).reshape(n, -1)
@@ -91,8 +92,8 @@ def _codes_from_rows(raw: np.ndarray, k: int, qtype, tensor_name: str) -> BlockC
 
 
 def codes_for_int4(tensor, exact: bool = True) -> BlockCodes:
-    """What the int4 scheme stores for one GGUF tensor: exact codes where the type allows (Q6_K, Q8_0 and
-    Q5_0 keep 8-bit codes), else (or with exact=False, for all but Q4_K) 4-bit codes re-quantized from
+    """What the int4 scheme stores for one GGUF tensor: exact codes where the type allows (Q6_K keeps
+    6-bit codes, Q8_0 and Q5_0 8-bit ones), else (or with exact=False, for all but Q4_K) 4-bit codes re-quantized from
     gguf's float dequantization, which rounds."""
     import gguf
 
