@@ -9,6 +9,7 @@ namespace {
 using specdec::QAct;
 using specdec::QWeight;
 
+// Returns [m, n] in x's dtype when that is bf16, else fp32.
 // impl: 0 = best for this CPU, 1 = portable, 2 = AVX-512 VNNI (an error on a CPU without it)
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tensor& sc,
                       const torch::Tensor& mn, const torch::Tensor& dm, const c10::optional<torch::Tensor>& bias,
@@ -38,6 +39,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
     auto asum = torch::empty({m, stride}, torch::kInt16);
     auto ascale = torch::empty({m, ns}, torch::kFloat32);
     auto out = torch::empty({m, n}, torch::kFloat32);
+    // bf16 in -> bf16 out, rounded here (shared code, round half to even) so no separate cast op is needed
+    auto out_bf16 = bf16_in ? torch::empty({m, n}, torch::kBFloat16) : torch::Tensor();
     torch::Tensor b;
     if (bias.has_value() && bias->defined()) {
         b = bias->to(torch::kFloat32).contiguous();
@@ -73,9 +76,14 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
                 specdec::qlinear_avx512(w, xa, bp, op, c0, c1);
             else
                 specdec::qlinear_portable(w, xa, bp, op, c0, c1);
+            if (bf16_in) {
+                c10::BFloat16* ob = out_bf16.data_ptr<c10::BFloat16>();
+                for (int64_t r = 0; r < m; ++r)
+                    for (int64_t j = c0 * 16; j < c1 * 16; ++j) ob[r * n + j] = c10::BFloat16(op[r * n + j]);
+            }
         });
     }
-    return out;
+    return bf16_in ? out_bf16 : out;
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ class BlockQuantLinear(nn.Module):
         self.nbytes = packed.nbytes + (0 if bias is None else self.bias.nbytes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., in_features] -> [..., out_features] in x's dtype (fp32 accumulation inside)
+        # x: [..., in_features] -> [..., out_features] in x's dtype (fp32 accumulation inside; the kernel
+        # returns bf16 for bf16 input, fp32 otherwise)
         p = self.packed
         out = self._C.qlinear(x.reshape(-1, self.in_features), p.qw, p.sc, p.mn, p.dm, self.bias,
                               p.bits, p.group, p.sb, IMPLS[self.impl])
