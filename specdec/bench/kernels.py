@@ -69,30 +69,34 @@ METHODS = {
 
 
 def time_stack(method: str, rows: list[int], reps: int, layers: int = LAYERS) -> dict[int, float]:
-    """Best-of-`reps` ms per forward of the stack for each M in rows."""
+    """Best-of-`reps` ms per forward of the stack for each M in rows.
+
+    The row counts are interleaved within each repetition (not `reps` runs of one M, then the next), so
+    a burst of load from another process on a shared machine spoils one sample of many M, not all
+    samples of one M; the minimum then stands for the quiet machine.
+    """
     shapes = stack_shapes(layers)
     linears = [METHODS[method](n, k) for n, k in shapes]
     xs = {k: torch.randn(max(rows), k, dtype=torch.bfloat16) for k in {k for _, k in shapes}}
-    out = {}
+    best = {m: float("inf") for m in rows}
     with torch.inference_mode():
-        for m in rows:
-            best = float("inf")
-            for _ in range(reps + 1):            # the first pass warms caches and allocators
+        for rep in range(reps + 1):               # the first pass warms caches and allocators
+            for m in rows:
                 t0 = time.perf_counter()
                 for (n, k), lin in zip(shapes, linears):
                     lin(xs[k][:m])
-                best = min(best, time.perf_counter() - t0)
-            out[m] = best * 1e3
+                if rep:
+                    best[m] = min(best[m], time.perf_counter() - t0)
     del linears
     gc.collect()
-    return out
+    return {m: t * 1e3 for m, t in best.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m specdec.bench.kernels", description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", default="bf16,aten-int4,aten-int8,ours", help=f"comma list of {', '.join(METHODS)}")
     ap.add_argument("--rows", default=",".join(str(m) for m in range(1, 17)), help="comma list of M")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--layers", type=int, default=LAYERS, help="fewer layers for a quick look (head kept)")
     args = ap.parse_args(argv)
     rows = [int(v) for v in args.rows.split(",")]
