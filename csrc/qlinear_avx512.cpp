@@ -142,17 +142,32 @@ SPECDEC_AVX512 void quantize_impl(const T* x, int64_t m, int64_t k, int group, i
 }
 
 
+constexpr int MAX_TILE = 6;   // 3 x 6 accumulators + 8 unpacked registers + 5 temporaries <= 32 zmm
+
+template <int BITS, int GROUP>
+SPECDEC_AVX512 void run_tile(int rows, const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb, int64_t r0) {
+    switch (rows) {
+        case 6: return rows_tile<BITS, GROUP, 6>(w, x, bias, out, cb, r0);
+        case 5: return rows_tile<BITS, GROUP, 5>(w, x, bias, out, cb, r0);
+        case 4: return rows_tile<BITS, GROUP, 4>(w, x, bias, out, cb, r0);
+        case 3: return rows_tile<BITS, GROUP, 3>(w, x, bias, out, cb, r0);
+        case 2: return rows_tile<BITS, GROUP, 2>(w, x, bias, out, cb, r0);
+        default: return rows_tile<BITS, GROUP, 1>(w, x, bias, out, cb, r0);
+    }
+}
+
 template <int BITS, int GROUP>
 SPECDEC_AVX512 void kernel(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
-    // Row tiles of 4, then one of the remainder; the tile a row lands in never changes its arithmetic.
+    // Rows split into the fewest tiles of at most MAX_TILE, of balanced sizes (7 = 4 + 3, not 6 + 1): a
+    // one-row tile pays a whole unpack for one row and runs latency-bound. The tile a row lands in never
+    // changes its arithmetic.
+    const int64_t tiles = (x.m + MAX_TILE - 1) / MAX_TILE;
     for (int64_t cb = cb0; cb < cb1; ++cb) {
         int64_t r0 = 0;
-        for (; r0 + 4 <= x.m; r0 += 4) rows_tile<BITS, GROUP, 4>(w, x, bias, out, cb, r0);
-        switch (x.m - r0) {
-            case 3: rows_tile<BITS, GROUP, 3>(w, x, bias, out, cb, r0); break;
-            case 2: rows_tile<BITS, GROUP, 2>(w, x, bias, out, cb, r0); break;
-            case 1: rows_tile<BITS, GROUP, 1>(w, x, bias, out, cb, r0); break;
-            default: break;
+        for (int64_t t = 0; t < tiles; ++t) {
+            const int rows = int((x.m - r0) / (tiles - t) + ((x.m - r0) % (tiles - t) ? 1 : 0));
+            run_tile<BITS, GROUP>(rows, w, x, bias, out, cb, r0);
+            r0 += rows;
         }
     }
 }
