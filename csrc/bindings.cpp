@@ -57,10 +57,12 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
         at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
             auto run = [&](auto* x0) {
                 using T = std::remove_const_t<std::remove_pointer_t<decltype(x0)>>;
+                const T* xr = x0 + r0 * k;
                 if (use_avx)
-                    specdec::quantize_rows_avx512<T>(x0 + r0 * k, r1 - r0, k, int(group), int(sb), ap + r0 * k, sp + r0 * stride, cp + r0 * ns);
+                    specdec::quantize_rows_avx512<T>(xr, r1 - r0, k, int(group), int(sb), ap + r0 * k, sp + r0 * stride,
+                                                     cp + r0 * ns);
                 else
-                    specdec::quantize_rows<T>(x0 + r0 * k, r1 - r0, k, int(group), int(sb), ap + r0 * k, sp + r0 * stride, cp + r0 * ns);
+                    specdec::quantize_rows<T>(xr, r1 - r0, k, int(group), int(sb), ap + r0 * k, sp + r0 * stride, cp + r0 * ns);
             };
             if (bf16_in)
                 run(static_cast<const uint16_t*>(xp));

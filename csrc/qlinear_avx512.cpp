@@ -54,10 +54,10 @@ SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias
                     const __m512i two = _mm512_set1_epi8(0x03);
                     for (int h = 0; h < NREG / 4; ++h) {
                         const __m512i hb = _mm512_loadu_si512(tile + GROUP * 8 + 64 * h);
-                        W[4 * h] = _mm512_or_si512(W[4 * h], _mm512_slli_epi16(_mm512_and_si512(hb, two), 4));
-                        W[4 * h + 1] = _mm512_or_si512(W[4 * h + 1], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), two), 4));
-                        W[4 * h + 2] = _mm512_or_si512(W[4 * h + 2], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4), two), 4));
-                        W[4 * h + 3] = _mm512_or_si512(W[4 * h + 3], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 6), two), 4));
+                        for (int j = 0; j < 4; ++j) {
+                            const __m512i top = _mm512_and_si512(_mm512_srli_epi16(hb, 2 * j), two);
+                            W[4 * h + j] = _mm512_or_si512(W[4 * h + j], _mm512_slli_epi16(top, 4));
+                        }
                     }
                 }
             } else {

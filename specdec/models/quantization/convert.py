@@ -40,5 +40,6 @@ def split_int4_state(state: dict[str, torch.Tensor], meta: dict[str, str]) -> tu
     for key, fmt in (meta or {}).items():
         if key.startswith("quant."):
             linear = key.removeprefix("quant.")
-            packed[linear] = PackedBlocks.from_tensors({t: state.pop(f"{linear}.{t}") for t in PackedBlocks.TENSORS}, fmt)
+            tensors = {t: state.pop(f"{linear}.{t}") for t in PackedBlocks.TENSORS}
+            packed[linear] = PackedBlocks.from_tensors(tensors, fmt)
     return state, packed
