@@ -103,8 +103,17 @@ def _atomic_dir(final: Path, fill) -> None:
 
 
 # -- conversion: HF-named float32 tensors -> our fused, runtime-dtype state dict -----------------------
-def _fuse(hf: dict[str, torch.Tensor], cfg: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
+def _fuse(hf: dict, cfg: ModelConfig, dtype: torch.dtype) -> dict:
+    """Values are float tensors, or BlockCodes (int4 from GGUF blocks) for linear weights."""
+    from .quantization.blocks import BlockCodes, concat
+
+    out: dict = {}
+
+    def cast(t):
+        return t if isinstance(t, BlockCodes) else t.to(dtype)
+
+    def cat(ts):
+        return concat(ts) if isinstance(ts[0], BlockCodes) else torch.cat(ts).to(dtype)
 
     def take(name):
         if name not in hf:
@@ -114,27 +123,26 @@ def _fuse(hf: dict[str, torch.Tensor], cfg: ModelConfig, dtype: torch.dtype) -> 
     out["embed_tokens.weight"] = take("model.embed_tokens.weight").to(dtype)
     out["norm.weight"] = take("model.norm.weight").to(dtype)
     if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = take("lm_head.weight").to(dtype)
+        out["lm_head.weight"] = cast(take("lm_head.weight"))
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         q = f"layers.{i}."
         out[q + "input_layernorm.weight"] = take(p + "input_layernorm.weight").to(dtype)
         out[q + "post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight").to(dtype)
-        out[q + "self_attn.qkv_proj.weight"] = torch.cat(
-            [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).to(dtype)
+        out[q + "self_attn.qkv_proj.weight"] = cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
         if cfg.attention_bias:
             out[q + "self_attn.qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]).to(dtype)
-        out[q + "self_attn.o_proj.weight"] = take(p + "self_attn.o_proj.weight").to(dtype)
-        out[q + "mlp.gate_up_proj.weight"] = torch.cat(
-            [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]).to(dtype)
-        out[q + "mlp.down_proj.weight"] = take(p + "mlp.down_proj.weight").to(dtype)
+        out[q + "self_attn.o_proj.weight"] = cast(take(p + "self_attn.o_proj.weight"))
+        out[q + "mlp.gate_up_proj.weight"] = cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+        out[q + "mlp.down_proj.weight"] = cast(take(p + "mlp.down_proj.weight"))
     return out
 
 
-def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool):
+def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = False):
     from tqdm import tqdm
 
     from .gguf_weights import dequantize_hf, gguf_config, iter_hf_tensors, open_gguf
+    from .quantization.gguf_blocks import codes_for_int4
 
     reader = open_gguf(path)
     cfg = gguf_config(reader)
@@ -142,6 +150,10 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool):
 
     def work(item):
         name, tensor = item
+        if int4 and (name.endswith("proj.weight") or name == "lm_head.weight"):
+            if cfg.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                raise SpecDecError("int4 from GGUF blocks: llama-arch Q/K rows are permuted; not supported yet")
+            return name, codes_for_int4(tensor)   # the GGUF's blocks, kept without loss where the type allows
         # dequantize to fp32, then straight to the runtime dtype to halve peak memory in bf16
         arr = np.ascontiguousarray(dequantize_hf(name, tensor, cfg))
         return name, torch.from_numpy(arr if arr.flags.writeable else arr.copy())
@@ -151,7 +163,7 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool):
         total=len(items), desc=f"converting {path.name}", unit="tensor", disable=not progress
     ) as bar:
         for name, t in pool.map(work, items):
-            hf[name] = t if dtype == torch.float32 else t.to(dtype)
+            hf[name] = t if dtype == torch.float32 or not isinstance(t, torch.Tensor) else t.to(dtype)
             bar.update(1)
     if cfg.tie_word_embeddings:
         hf.pop("lm_head.weight", None)
@@ -178,28 +190,51 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | torch.device | None = None,
-               progress: bool = True, pack: bool = True, quantize: str | None = None) -> LoadedModel:
+               progress: bool = True, pack: bool = True, quantization: str | None = None,
+               quantize: str | None = None) -> LoadedModel:
     """Load a model argument for inference; converts and caches on first use.
 
-    quantize="int8": weight-only int8 linears (CPU), e.g. for a draft model whose steps are one token.
+    quantization (vLLM's name; `quantize` is the older alias): "none" (default: oneDNN-packed linears
+    on CPU unless pack=False), "int8" (weight-only per-channel, e.g. for a draft whose steps are one
+    token) or "int4" (group-32 blocks on specdec's own CPU kernel; from a GGUF, its Q4_K / Q6_K / Q8_0 /
+    Q5_0 blocks are kept without loss). int4 has its own conversion-cache entry (`<dtype>-int4-v<N>`).
     """
+    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
+    from .quantization import quantize_model, resolve_scheme
+
     t0 = time.perf_counter()
+    if quantization is not None and quantize is not None and resolve_scheme(quantization) != resolve_scheme(quantize):
+        raise SpecDecError(f"quantization={quantization!r} and quantize={quantize!r} disagree")
+    scheme = resolve_scheme(quantization if quantization is not None else quantize)
     dtype = resolve_dtype(dtype)
     device = torch.device(device) if device is not None else default_device()
+    if scheme == "int4":
+        from .quantization.kernels import load_kernels
+
+        load_kernels()   # fail fast, before a long conversion, when the extension is missing
     name, source = resolve_source(spec, progress=progress)
     entry = cache_dir() / "converted" / f"{source.stem}-{_source_key(source)}" / _dtype_name(dtype)
+    if scheme == "int4":   # its own entry, named with the packed layout's version
+        from .quantization.blocks import FORMAT_VERSION
+
+        entry = entry.with_name(f"{entry.name}-int4-v{FORMAT_VERSION}")
     converted = False
     if not (entry / "model.safetensors").is_file():
         converted = True
         if source.is_file():
-            cfg, state, tok = _convert_gguf(source, dtype, progress)
+            cfg, state, tok = _convert_gguf(source, dtype, progress, int4=scheme == "int4")
         else:
             cfg, state, tok = _convert_hf_dir(source, dtype)
+        meta = None
+        if scheme == "int4":
+            from .quantization.convert import to_int4_state
+
+            state, meta = to_int4_state(state)
 
         def fill(tmp: Path):
-            save_file(state, str(tmp / "model.safetensors"))
+            save_file(state, str(tmp / "model.safetensors"), metadata=meta)
             (tmp / "config.json").write_text(cfg.to_json())
             tok.save(tmp)
 
@@ -210,13 +245,23 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
     with torch.device("meta"):
         model = Transformer(cfg)
     state = load_file(str(entry / "model.safetensors"), device=str(device))
-    model.load_state_dict(state, assign=True, strict=True)
+    if scheme == "int4":
+        from .quantization.convert import split_int4_state
+
+        with safe_open(str(entry / "model.safetensors"), "pt") as f:
+            state, packed = split_int4_state(state, f.metadata())
+        missing, unexpected = model.load_state_dict(state, assign=True, strict=False)
+        if unexpected or set(missing) != {f"{n}.weight" for n in packed}:
+            raise SpecDecError(f"{entry}: int4 cache entry does not match the model (missing {missing[:3]}, "
+                               f"unexpected {unexpected[:3]})")
+    else:
+        model.load_state_dict(state, assign=True, strict=True)
     model.eval().requires_grad_(False)
-    if quantize == "int8":
-        model.quantize_int8()
-    elif quantize is not None:
-        raise SpecDecError(f"unknown quantization '{quantize}' (choose from: int8)")
+    if scheme == "int4":
+        quantize_model(model, "int4", packed)
+    elif scheme == "int8":
+        quantize_model(model, "int8")
     elif pack:
-        model.pack_for_cpu()
+        quantize_model(model, "none")
     return LoadedModel(name=name, source=source, model=model, tokenizer=tokenizer, config=cfg,
                        load_s=time.perf_counter() - t0, converted=converted)

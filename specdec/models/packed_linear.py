@@ -47,14 +47,3 @@ class PackedLinear(nn.Module):
         out = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [None], "")
         return out[:rows].view(*x.shape[:-1], self.out_features)
 
-
-def pack_linears(module: nn.Module) -> int:
-    """Replace every eligible nn.Linear under `module` by a PackedLinear; returns how many."""
-    count = 0
-    for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear) and can_pack(child.weight):
-            setattr(module, name, PackedLinear(child.weight.data, None if child.bias is None else child.bias.data))
-            count += 1
-        else:
-            count += pack_linears(child)
-    return count

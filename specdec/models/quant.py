@@ -10,10 +10,6 @@ import torch
 from torch import nn
 
 
-def can_int8(device: torch.device) -> bool:
-    return device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int8pack_mm")
-
-
 class Int8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, act_dtype: torch.dtype):
         super().__init__()
@@ -34,20 +30,3 @@ class Int8Linear(nn.Module):
             out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
-
-def quantize_linears_int8(module: nn.Module) -> int:
-    """Replace nn.Linear children by Int8Linear (in place; call before packing); returns how many."""
-    from .packed_linear import PackedLinear
-
-    count = 0
-    for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear):
-            w, b = child.weight.data, None if child.bias is None else child.bias.data
-        elif isinstance(child, PackedLinear):
-            raise ValueError("quantize before packing")
-        else:
-            count += quantize_linears_int8(child)
-            continue
-        setattr(module, name, Int8Linear(w, b, w.dtype))
-        count += 1
-    return count

@@ -147,34 +147,17 @@ class Transformer(nn.Module):
             return F.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
 
-    def _untie_head(self) -> None:
-        if self.lm_head is None:
-            self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False,
-                                     dtype=self.embed_tokens.weight.dtype, device="meta")
-            self.lm_head.weight = nn.Parameter(self.embed_tokens.weight.detach(), requires_grad=False)
-
     def pack_for_cpu(self) -> None:
         """Pre-pack linear weights for oneDNN (CPU only; a no-op elsewhere). Tied heads get their own copy."""
-        from .packed_linear import can_pack, pack_linears
+        from .quantization import quantize_model
 
-        if not can_pack(self.embed_tokens.weight):
-            return
-        self._untie_head()
-        pack_linears(self)
-        if self.embed_tokens.weight.dtype == torch.bfloat16:
-            from .packed_linear import KEY_BLOCK, MIN_ROWS
-
-            self.min_query_rows = MIN_ROWS
-            self.key_block = KEY_BLOCK
+        quantize_model(self, "none")
 
     def quantize_int8(self) -> None:
         """Weight-only int8 for every linear, the output head included (CPU)."""
-        from .quant import can_int8, quantize_linears_int8
+        from .quantization import quantize_model
 
-        if not can_int8(self.embed_tokens.weight.device):
-            raise ValueError("int8 weight-only quantization is available on CPU only")
-        self._untie_head()
-        quantize_linears_int8(self)
+        quantize_model(self, "int8")
 
     def weight_nbytes(self) -> int:
         """Bytes of weights held, packed and int8 linears included."""

@@ -1,0 +1,99 @@
+// Python entry points of specdec._C: one block-quantized linear, and what the CPU supports.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include "qlinear.h"
+
+namespace {
+
+using specdec::QAct;
+using specdec::QWeight;
+
+// Returns [m, n] in x's dtype when that is bf16, else fp32.
+// impl: 0 = best for this CPU, 1 = portable, 2 = AVX-512 VNNI (an error on a CPU without it)
+torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tensor& sc,
+                      const torch::Tensor& mn, const torch::Tensor& dm, const c10::optional<torch::Tensor>& bias,
+                      int64_t bits, int64_t group, int64_t sb, int64_t impl) {
+    // x: [m, k] (any float dtype); returns [m, n] fp32
+    TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), "qlinear: x must be a 2-D CPU tensor");
+    TORCH_CHECK((bits == 4 || bits == 6 || bits == 8) && (group == 16 || group == 32) && sb >= 1, "qlinear: bad format");
+    TORCH_CHECK(qw.dtype() == torch::kUInt8 && sc.dtype() == torch::kInt8 && mn.dtype() == torch::kInt8 &&
+                dm.dtype() == torch::kFloat16, "qlinear: packed tensors have the wrong dtypes");
+    TORCH_CHECK(qw.is_contiguous() && sc.is_contiguous() && mn.is_contiguous() && dm.is_contiguous(),
+                "qlinear: packed tensors must be contiguous");
+    const int64_t m = x.size(0), k = x.size(1), ng = k / group, nb = qw.size(0), n = nb * 16;
+    TORCH_CHECK(k % group == 0 && qw.dim() == 3 && qw.size(1) == ng && qw.size(2) == group * 16 * bits / 8,
+                "qlinear: x has ", k, " features, the packed weight does not match");
+    const int64_t ns = (ng + sb - 1) / sb;
+    TORCH_CHECK(sc.numel() == nb * ng * 16 && mn.numel() == nb * ng * 16 && dm.numel() == nb * ns * 32,
+                "qlinear: scale tensors do not match the weight");
+    const bool avx = specdec::cpu_has_avx512_vnni();
+    TORCH_CHECK(impl != 2 || avx, "qlinear: this CPU lacks AVX-512 VNNI");
+    const bool use_avx = avx && impl != 1;
+
+    // bf16 and fp32 inputs are read as they are (bf16 -> fp32 is exact); other dtypes convert to fp32
+    const torch::Tensor xf = x.scalar_type() == torch::kBFloat16 ? x.contiguous() : x.to(torch::kFloat32).contiguous();
+    const bool bf16_in = xf.scalar_type() == torch::kBFloat16;
+    auto a8 = torch::empty({m, k}, torch::kInt8);
+    const int64_t stride = specdec::asum_stride(k, int(group));
+    auto asum = torch::empty({m, stride}, torch::kInt16);
+    auto ascale = torch::empty({m, ns}, torch::kFloat32);
+    auto out = torch::empty({m, n}, torch::kFloat32);
+    // bf16 in -> bf16 out, rounded here (shared code, round half to even) so no separate cast op is needed
+    auto out_bf16 = bf16_in ? torch::empty({m, n}, torch::kBFloat16) : torch::Tensor();
+    torch::Tensor b;
+    if (bias.has_value() && bias->defined()) {
+        b = bias->to(torch::kFloat32).contiguous();
+        TORCH_CHECK(b.numel() == n, "qlinear: bias has ", b.numel(), " entries, expected ", n);
+    }
+    QWeight w{qw.data_ptr<uint8_t>(), sc.data_ptr<int8_t>(), mn.data_ptr<int8_t>(),
+              reinterpret_cast<const uint16_t*>(dm.data_ptr<at::Half>()), n, k, int(bits), int(group), int(sb)};
+    {
+        pybind11::gil_scoped_release no_gil;
+        const void* xp = xf.data_ptr();
+        int8_t* ap = a8.data_ptr<int8_t>();
+        int16_t* sp = asum.data_ptr<int16_t>();
+        float* cp = ascale.data_ptr<float>();
+        at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
+            auto run = [&](auto* x0) {
+                using T = std::remove_const_t<std::remove_pointer_t<decltype(x0)>>;
+                const T* xr = x0 + r0 * k;
+                if (use_avx)
+                    specdec::quantize_rows_avx512<T>(xr, r1 - r0, k, int(group), int(sb), ap + r0 * k, sp + r0 * stride,
+                                                     cp + r0 * ns);
+                else
+                    specdec::quantize_rows<T>(xr, r1 - r0, k, int(group), int(sb), ap + r0 * k, sp + r0 * stride, cp + r0 * ns);
+            };
+            if (bf16_in)
+                run(static_cast<const uint16_t*>(xp));
+            else
+                run(static_cast<const float*>(xp));
+        });
+        QAct xa{ap, sp, cp, m, stride};
+        const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+        float* op = out.data_ptr<float>();
+        // Threads split the output columns; each column's arithmetic is the same whoever computes it.
+        at::parallel_for(0, nb, 1, [&](int64_t c0, int64_t c1) {
+            if (use_avx)
+                specdec::qlinear_avx512(w, xa, bp, op, c0, c1);
+            else
+                specdec::qlinear_portable(w, xa, bp, op, c0, c1);
+            if (bf16_in) {
+                c10::BFloat16* ob = out_bf16.data_ptr<c10::BFloat16>();
+                for (int64_t r = 0; r < m; ++r)
+                    for (int64_t j = c0 * 16; j < c1 * 16; ++j) ob[r * n + j] = c10::BFloat16(op[r * n + j]);
+            }
+        });
+    }
+    return bf16_in ? out_bf16 : out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "specdec CPU kernels: block-quantized (int4 / int8 codes) linear layers";
+    m.def("qlinear", &qlinear, "y[m, n] fp32 = x[m, k] @ dequant(W)^T (+ bias)", pybind11::arg("x"),
+          pybind11::arg("qw"), pybind11::arg("sc"), pybind11::arg("mn"), pybind11::arg("dm"), pybind11::arg("bias"),
+          pybind11::arg("bits"), pybind11::arg("group"), pybind11::arg("sb"), pybind11::arg("impl") = 0);
+    m.def("has_avx512_vnni", &specdec::cpu_has_avx512_vnni, "the CPU runs the AVX-512 VNNI kernel");
+}

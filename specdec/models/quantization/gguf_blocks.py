@@ -1,0 +1,106 @@
+"""GGUF quantized tensors -> BlockCodes without loss.
+
+Each supported GGUF block type is an instance of  w = d*sc*q - dmin*mn  (blocks.py):
+
+| GGUF type | block | maps to | exact? |
+|---|---|---|---|
+| Q4_K | 256 k: fp16 d, dmin; 8 x (6-bit sc, 6-bit m); 4-bit q | bits 4, group 32, sb 8: sc, mn = sc, m | yes |
+| Q6_K | 256 k: fp16 d; 16 x int8 sc; 6-bit q (signed, -32..31) | bits 6, group 16, sb 16: q+32, mn = sc, dmin = 32 d | yes |
+| Q8_0 | 32 k: fp16 d; int8 q | bits 8, group 32, sb 1: q+128, sc = mn = 1, dmin = 128 d | yes |
+| Q5_0 | 32 k: fp16 d; 5-bit q (q-16) | bits 8, group 32, sb 1: q, sc = mn = 1, dmin = 16 d | yes |
+
+Multiplying an fp16 d by 16, 32 or 128 is exact (a power of two). Codes are read from the raw blocks
+for Q4_K; for the others they are recovered from gguf's own dequantization (w / (d*sc) is an exact
+integer in fp64), and every conversion is checked: our dequantization must equal gguf's bit for bit.
+Other types (and F16/F32 tensors) go through float and `quantize_int4`, which rounds.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...errors import SpecDecError
+from .blocks import BlockCodes, concat, dequantize, quantize_int4
+
+EXACT_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")
+
+
+def _q4_k(raw: np.ndarray, n: int, k: int) -> BlockCodes:
+    b = raw.reshape(-1, 144)                                   # one row of the block table per 256 k
+    d = b[:, 0:2].copy().view(np.float16)[:, 0]
+    dmin = b[:, 2:4].copy().view(np.float16)[:, 0]
+    s = b[:, 4:16].astype(np.uint8)
+    # 12 bytes hold 8 six-bit scales and 8 six-bit mins: bytes 0-3 / 4-7 carry sc / m of groups 0-3 in
+    # their low 6 bits and the top 2 bits of groups 4-7; bytes 8-11 carry the low 4 bits of groups 4-7.
+    sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+    mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+    qs = b[:, 16:144].reshape(-1, 4, 32)                       # 4 x 32 bytes: groups 2j (low), 2j+1 (high)
+    q = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 256)
+    t = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a).astype(dt))
+    return BlockCodes(t(q, np.uint8).view(n, k), t(sc, np.int8).view(n, -1), t(mn, np.int8).view(n, -1),
+                      t(d, np.float16).view(n, -1), t(dmin, np.float16).view(n, -1), 4, 32, 8)
+
+
+def _from_dequantized(w: np.ndarray, d: np.ndarray, sc: np.ndarray, zero: int, group: int, sb: int,
+                      bits: int = 8) -> BlockCodes:
+    """Symmetric formats: w = d*sc*(code - zero); recover code exactly from gguf's float output."""
+    n, k = w.shape
+    step = (d.astype(np.float64).repeat(sb, axis=1)[:, : k // group] * sc)             # [N, NG]
+    wg = w.reshape(n, -1, group).astype(np.float64)
+    safe = np.where(step == 0, 1.0, step)[..., None]
+    q = np.where(step[..., None] == 0, 0.0, np.rint(wg / safe)) + zero
+    t = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a).astype(dt))
+    d16 = d.astype(np.float16)
+    return BlockCodes(t(q.reshape(n, k), np.uint8), t(sc, np.int8), t(sc, np.int8), t(d16, np.float16),
+                      t(d16.astype(np.float32) * zero, np.float16), bits, group, sb)
+
+
+ROW_CHUNK = 8192   # rows converted at a time: the fp64 checks of a 151936-row head would need ~8 GB at once
+
+
+def codes_from_gguf(tensor) -> BlockCodes:
+    """A GGUFReader tensor of an exact type -> codes in PyTorch's [out, in] layout, checked lossless."""
+    name = tensor.tensor_type.name
+    if name not in EXACT_TYPES:
+        raise SpecDecError(f"GGUF tensor {tensor.name}: {name} has no exact block mapping")
+    n, k = (int(v) for v in reversed(tensor.shape))
+    raw = np.asarray(tensor.data).view(np.uint8).reshape(n, -1)
+    return concat([_codes_from_rows(raw[i:i + ROW_CHUNK], k, tensor.tensor_type, tensor.name)
+                   for i in range(0, n, ROW_CHUNK)])
+
+
+def _codes_from_rows(raw: np.ndarray, k: int, qtype, tensor_name: str) -> BlockCodes:
+    import gguf
+
+    name, n = qtype.name, raw.shape[0]
+    ref = gguf.quants.dequantize(raw, qtype).reshape(n, k)
+    if name == "Q4_K":
+        codes = _q4_k(raw, n, k)
+    elif name == "Q6_K":
+        b = raw.reshape(-1, 210)
+        sc = b[:, 192:208].copy().view(np.int8).reshape(n, -1)                  # [N, K/16]
+        d = b[:, 208:210].copy().view(np.float16).reshape(n, -1)               # [N, K/256]
+        codes = _from_dequantized(ref, d, sc, 32, 16, 16, bits=6)
+    else:  # Q8_0 (34-byte blocks), Q5_0 (22-byte blocks): fp16 d first, one scale per 32 k
+        size = 34 if name == "Q8_0" else 22
+        d = raw.reshape(-1, size)[:, 0:2].copy().view(np.float16).reshape(n, -1)
+        codes = _from_dequantized(ref, d, np.ones(d.shape, np.int8), 128 if name == "Q8_0" else 16, 32, 1)
+    codes.check()
+    if not torch.equal(dequantize(codes), torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float32))):
+        raise SpecDecError(f"GGUF tensor {tensor_name}: {name} -> block codes is not lossless (a bug)")
+    return codes
+
+
+def codes_for_int4(tensor, exact: bool = True) -> BlockCodes:
+    """What the int4 scheme stores for one GGUF tensor: exact codes where the type allows (Q6_K keeps
+    6-bit codes, Q8_0 and Q5_0 8-bit ones), else (or with exact=False, for all but Q4_K) 4-bit codes re-quantized from
+    gguf's float dequantization, which rounds."""
+    import gguf
+
+    name = tensor.tensor_type.name
+    if name == "Q4_K" or (exact and name in EXACT_TYPES):
+        return codes_from_gguf(tensor)
+    n, k = (int(v) for v in reversed(tensor.shape))
+    w = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type) if name not in ("F32", "F16") \
+        else np.asarray(tensor.data, dtype=np.float32)
+    return quantize_int4(torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).view(n, k))

@@ -1,0 +1,218 @@
+"""int4 block kernels and the quantization layer: accuracy against a float reference, exact batch
+invariance, GGUF blocks kept without loss, portable == AVX-512, and the error when the kernels are missing.
+No timing assertions (see `python -m specdec.bench.kernels` for speed)."""
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.errors import SpecDecError
+from specdec.models.quantization import kernels, linear_names, quantize_model
+from specdec.models.quantization.blocks import dequantize, pack, quantize_int4, widen
+
+ext = pytest.importorskip("specdec._C", reason="specdec._C not built (needs a C++ compiler at install)")
+from specdec.models.quantization.linear import BlockQuantLinear  # noqa: E402
+
+# (bits, group, span): the formats GGUF blocks map onto (Q4_K, Q6_K, Q8_0 / Q5_0) and more
+FORMATS = [(4, 32, 256), (6, 16, 256), (8, 32, 32), (4, 16, 32), (8, 16, 256), (6, 32, 32)]
+
+
+def _linear(n=80, k=896, fmt=(4, 32, 256), bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    codes = widen(quantize_int4(w), *fmt)
+    b = torch.randn(n, generator=g) if bias else None
+    return BlockQuantLinear(pack(codes), b), dequantize(codes), b
+
+
+def _random_codes(bits, group, span, n=80, k=896, seed=0):
+    """Codes over the whole range of `bits` (quantize_int4 only ever makes 0..15)."""
+    from specdec.models.quantization.blocks import BlockCodes
+
+    g = torch.Generator().manual_seed(seed)
+    ng, sb = k // group, span // group
+    ns = -(-ng // sb)
+    i8 = lambda lo, hi, shape: torch.randint(lo, hi, shape, generator=g).to(torch.int8)
+    return BlockCodes(torch.randint(0, 1 << bits, (n, k), generator=g).to(torch.uint8), i8(-60, 64, (n, ng)),
+                      i8(-60, 64, (n, ng)), (torch.rand(n, ns, generator=g) * 1e-3).half(),
+                      (torch.rand(n, ns, generator=g) * 1e-3).half(), bits, group, sb).check()
+
+
+def _run(lin, x, impl):
+    old, BlockQuantLinear.impl = BlockQuantLinear.impl, impl
+    try:
+        return lin(x)
+    finally:
+        BlockQuantLinear.impl = old
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kernel_matches_float_reference(fmt):
+    # k = 896: 28 groups of 32, so the last superblock of 8 groups is partial (as in the 0.5B draft)
+    lin, w, b = _linear(fmt=fmt)
+    x = torch.randn(7, 896, generator=torch.Generator().manual_seed(1))
+    ref = x @ w.T + b
+    out = lin(x)
+    assert out.shape == (7, 80)
+    # the only error left is the int8 rounding of the activations (~0.5% here)
+    assert ((out - ref).norm() / ref.norm()) < 0.02
+
+
+def test_int4_quantizer_is_a_fair_4_bit_code():
+    w = torch.randn(64, 512, generator=torch.Generator().manual_seed(0))
+    c = quantize_int4(w)
+    assert c.q.max() <= 15 and c.sc.min() >= 0 and c.mn.min() >= 0
+    assert ((dequantize(c) - w).norm() / w.norm()) < 0.12     # ~8% for a Gaussian at 4.5 bits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", FORMATS[:2])
+def test_rows_are_bit_identical_for_any_row_count(dtype, fmt):
+    lin, _, _ = _linear(n=48, k=512, fmt=fmt)
+    x = torch.randn(300, 512).to(dtype)
+    full = lin(x)
+    for m in list(range(1, 17)) + [33, 300]:
+        assert torch.equal(lin(x[:m]), full[:m]), m
+    # and a row's result does not depend on its position among the others
+    assert torch.equal(lin(x[[299, 5]]), full[[299, 5]])
+
+
+@pytest.mark.skipif(not ext.has_avx512_vnni(), reason="this CPU has no AVX-512 VNNI kernel to compare against")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_portable_kernel_equals_avx512(fmt):
+    lin, _, _ = _linear(fmt=fmt)
+    x = torch.randn(19, 896)
+    assert torch.equal(_run(lin, x, "portable"), _run(lin, x, "avx512"))
+    lin = BlockQuantLinear(pack(_random_codes(*fmt)), torch.randn(80))
+    assert torch.equal(_run(lin, x, "portable"), _run(lin, x, "avx512"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kernel_full_code_range_matches_reference(fmt):
+    codes = _random_codes(*fmt)
+    x = torch.randn(5, 896, generator=torch.Generator().manual_seed(2))
+    ref = x @ dequantize(codes).T
+    out = BlockQuantLinear(pack(codes), None)(x)
+    assert ((out - ref).norm() / ref.norm()) < 0.02
+
+
+def test_out_features_not_a_multiple_of_16():
+    lin, w, b = _linear(n=37, k=64)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    out = lin(x)
+    assert out.shape == (3, 37) and ((out - (x @ w.T + b)).norm() / out.norm()) < 0.02
+
+
+# -- GGUF blocks -> codes, without loss ----------------------------------------------------------------
+def _fp16(rng, shape, lo=1e-4, hi=1e-2, signed=False):
+    v = rng.uniform(lo, hi, shape) * (rng.choice([-1, 1], shape) if signed else 1)
+    return v.astype(np.float16)
+
+
+def _random_blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random but valid GGUF blocks of `qtype` for an [n, k] tensor (uint8 [n, row bytes])."""
+    rng = np.random.default_rng(seed)
+    per_row = {"Q4_K": k // 256, "Q6_K": k // 256, "Q8_0": k // 32, "Q5_0": k // 32}[qtype]
+    nb = n * per_row
+    byte = lambda c: rng.integers(0, 256, (nb, c), dtype=np.uint8)
+    half = lambda signed: _fp16(rng, (nb, 1), signed=signed).view(np.uint8)
+    if qtype == "Q4_K":
+        blocks = [half(False), half(False), byte(12), byte(128)]
+    elif qtype == "Q6_K":
+        blocks = [byte(128), byte(64), byte(16), half(True)]
+    elif qtype == "Q8_0":
+        blocks = [half(True), byte(32)]
+    else:
+        blocks = [half(True), byte(4), byte(16)]
+    return np.concatenate(blocks, axis=1).reshape(n, -1)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+def test_gguf_blocks_map_without_loss(qtype):
+    gguf = pytest.importorskip("gguf")
+    from specdec.models.quantization.gguf_blocks import codes_from_gguf
+
+    n, k = 32, 512
+    raw = _random_blocks(qtype, n, k)
+    tensor = SimpleNamespace(name=f"test.{qtype}", tensor_type=gguf.GGMLQuantizationType[qtype],
+                             shape=np.array([k, n]), data=raw)
+    codes = codes_from_gguf(tensor)
+    ref = torch.from_numpy(gguf.quants.dequantize(raw, tensor.tensor_type).reshape(n, k).astype(np.float32))
+    assert torch.equal(dequantize(codes), ref)          # bit for bit
+    assert (codes.bits, codes.group) == {"Q4_K": (4, 32), "Q6_K": (6, 16)}.get(qtype, (8, 32))
+    # and the kernel computes with exactly those weights
+    x = torch.randn(4, k, generator=torch.Generator().manual_seed(1))
+    out = BlockQuantLinear(pack(codes), None)(x)
+    assert ((out - x @ ref.T).norm() / (x @ ref.T).norm()) < 0.02     # activations' int8 rounding
+
+
+@pytest.mark.real_models
+def test_real_target_blocks_map_without_loss():
+    from specdec.models.gguf_weights import open_gguf
+    from specdec.models.quantization.gguf_blocks import codes_from_gguf
+    from specdec.models.registry import BUILTIN_MODELS, assemble
+
+    reader = open_gguf(assemble(BUILTIN_MODELS["qwen2.5-coder-1.5b-instruct"], progress=False))
+    tensors = {t.name: t for t in reader.tensors}
+    for name in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.1.attn_v.weight"):
+        codes_from_gguf(tensors[name])     # raises unless our dequantization equals gguf's bit for bit
+
+
+# -- the quantization layer on a model -------------------------------------------------------------------
+def test_quantize_model_swaps_every_linear(tiny_dirs):
+    from specdec.models.loader import load_model
+
+    ref = load_model(str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False, pack=False).model
+    q = load_model(str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False, quantization="int4").model
+    assert linear_names(q) == []
+    assert sum(isinstance(m, BlockQuantLinear) for m in q.modules()) == 4 * ref.config.num_layers + 1
+    ids = torch.tensor([[5, 17, 42, 7, 99, 3, 11, 250]])
+    pos = torch.arange(ids.shape[1])[None]
+    # reference: the float model computing with exactly the int4 weights (a tiny random model amplifies
+    # the 4-bit rounding itself too much to compare with the unquantized one)
+    for name in linear_names(ref):
+        lin = ref.get_submodule(name)
+        lin.weight.data = dequantize(quantize_int4(lin.weight.data))
+    a = ref.compute_logits(ref(ids, pos, ref.new_kv_cache(16)))
+    b = q.compute_logits(q(ids, pos, q.new_kv_cache(16)))
+    assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.999
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    # a second load reads the int4 conversion-cache entry back and gives the same model
+    q2 = load_model(str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False, quantization="int4")
+    assert not q2.converted
+    assert torch.equal(q2.model.compute_logits(q2.model(ids, pos, q2.model.new_kv_cache(16))), b)
+
+
+def test_int4_model_steps_match_one_forward(tiny_dirs):
+    """Batch invariance at model level: decoding one token at a time == one forward over all of them."""
+    from specdec.models.loader import load_model
+
+    m = load_model(str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False, quantization="int4").model
+    ids = torch.tensor([[5, 17, 42, 7, 99, 3, 11, 250]])
+    full = m.compute_logits(m(ids, torch.arange(8)[None], m.new_kv_cache(16)))
+    cache = m.new_kv_cache(16)
+    m(ids[:, :3], torch.arange(3)[None], cache)
+    steps = [m.compute_logits(m(ids[:, i:i + 1], torch.tensor([[i]]), cache)) for i in range(3, 8)]
+    assert torch.equal(torch.cat(steps, dim=1), full[:, 3:])
+
+
+def test_int4_without_kernels_fails_clearly_and_bf16_still_works(tiny_dirs, monkeypatch):
+    from specdec.models.loader import load_model
+
+    monkeypatch.setattr(kernels, "_ext", None)
+    monkeypatch.setitem(sys.modules, "specdec._C", None)     # import now fails as if never built
+    with pytest.raises(SpecDecError, match="C\\+\\+ compiler"):
+        load_model(str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False, quantization="int4")
+    m = load_model(str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False).model
+    with pytest.raises(SpecDecError, match="specdec._C"):
+        quantize_model(m, "int4")
+    m(torch.tensor([[1, 2]]), torch.arange(2)[None], m.new_kv_cache(8))
+
+
+def test_unknown_scheme_is_rejected():
+    with pytest.raises(SpecDecError, match="int4"):
+        quantize_model(torch.nn.Module(), "int3")
