@@ -17,6 +17,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
+                   help="target weights: none (runtime dtype), int8, or int4 (GGUF 4/6-bit blocks kept as they are; "
+                        "our CPU kernel)")
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -32,8 +35,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
 def _add_proposer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--prompt-lookup-min", type=int, default=1)
-    p.add_argument("--draft-quantization", default=None, choices=["none", "int8"],
-                   help="draft model weights: runtime dtype or weight-only int8 (CPU)")
+    p.add_argument("--draft-quantization", default=None, choices=["none", "int8", "int4"],
+                   help="draft model weights: runtime dtype, weight-only int8 or int4 (CPU)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -153,7 +156,7 @@ def cmd_generate(args) -> int:
                              prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
                              quantization=args.draft_quantization)
     llm = LLM(target=args.target, draft=args.draft, speculative=spec, dtype=args.dtype, device=args.device,
-              max_model_len=args.max_model_len, num_threads=args.threads)
+              max_model_len=args.max_model_len, num_threads=args.threads, quantization=args.quantization)
     out = sys.stdout
     final, token_ids = None, []
     for delta in llm.stream(prompt, params, chat=not args.no_chat):
@@ -199,7 +202,7 @@ def cmd_bench_offline(args) -> int:
         repeats=args.repeats, seed=args.seed, out=args.out, peers=_csv(args.peers, str, "--peers"),
         target=args.target, draft=args.draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
-        draft_quantization=args.draft_quantization, progress=not args.no_progress)
+        draft_quantization=args.draft_quantization, quantization=args.quantization, progress=not args.no_progress)
     result = run_offline(cfg)
     for d in recommend(result["summary"]):
         verdict = f"enable {d['method']} k={d['k']} ({d['expected_speedup']:.2f}x)" if d["enable"] else "off"

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 METHODS = ("none", "ngram", "draft", "auto")
+QUANTIZATIONS = ("none", "int8", "int4")   # --quantization (target) and the draft's `quantization`
 K_MIN, K_MAX = 1, 32                    # num_speculative_tokens (and auto's upper bound) everywhere: CLI, HTTP, policy
 
 # Defaults measured on the 2-core CPU (see README, "Choosing k"): the draft method peaks at k=4,
@@ -19,7 +20,7 @@ class SpeculativeConfig:
     model: str | None = None                # draft model (method "draft"); None = the default draft
     prompt_lookup_max: int = 4              # n-gram: longest tail n-gram tried first
     prompt_lookup_min: int = 1              # n-gram: shortest n-gram accepted
-    quantization: str | None = None         # draft model weights: None (runtime dtype) or "int8" (CPU)
+    quantization: str | None = None         # draft model weights: None (runtime dtype), "int8" or "int4" (CPU)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -32,8 +33,8 @@ class SpeculativeConfig:
             raise ValueError(f"num_speculative_tokens must be in {K_MIN}..{K_MAX}, got {self.num_speculative_tokens}")
         if self.quantization in ("none", ""):
             self.quantization = None
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"unknown draft quantization '{self.quantization}' (choose from: none, int8)")
+        if self.quantization not in (None, *QUANTIZATIONS[1:]):
+            raise ValueError(f"unknown draft quantization '{self.quantization}' (choose from: {', '.join(QUANTIZATIONS)})")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                              f"{self.prompt_lookup_min}, {self.prompt_lookup_max}")

@@ -37,16 +37,18 @@ class LLM:
     def __init__(self, target: str = DEFAULT_TARGET, draft: str | None = None,
                  speculative: SpeculativeConfig | None = None, dtype: str = "bfloat16",
                  device: str | None = None, max_model_len: int | None = None, num_threads: int | None = None,
-                 progress: bool = True, scheduler: SchedulerConfig | None = None):
+                 progress: bool = True, scheduler: SchedulerConfig | None = None, quantization: str | None = None):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         self.speculative = speculative or SpeculativeConfig(method="draft" if draft else "none")
-        self.target: LoadedModel = load_model(target, dtype=dtype, device=device, progress=progress)
+        self.quantization = quantization               # the target's weights: none | int8 | int4 (vLLM's name)
+        self.target: LoadedModel = load_model(target, dtype=dtype, device=device, progress=progress,
+                                              quantization=quantization)
         self.tokenizer = self.target.tokenizer
         self.draft: LoadedModel | None = None
         if self.speculative.method in ("draft", "auto") and draft != "none":
             draft = draft or self.speculative.model or DEFAULT_DRAFT
             self.draft = load_model(draft, dtype=dtype, device=device, progress=progress,
-                                    quantize=self.speculative.quantization)
+                                    quantization=self.speculative.quantization)
             check_compatible(self.tokenizer, self.draft.tokenizer, self.target.config.vocab_size,
                              self.draft.config.vocab_size)
         self.scheduler_config = scheduler or SchedulerConfig()
@@ -89,7 +91,7 @@ class LLM:
         max_rows = self.scheduler_config.max_num_seqs * (k_max + 1)
         key = "|".join(map(str, (self.target.source, self.draft.source if self.draft else None, p.dtype, p.device,
                                  torch.get_num_threads(), k_max, max_rows, torch.__version__,
-                                 self.speculative.quantization)))
+                                 self.quantization, self.speculative.quantization)))
         path = cache_dir() / "cost_models" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if path.is_file():
             try:

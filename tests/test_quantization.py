@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from specdec.errors import SpecDecError
+from specdec.models.runner import forward_once
 from specdec.models.quantization import kernels, linear_names, quantize_model
 from specdec.models.quantization.blocks import dequantize, pack, quantize_int4, widen
 
@@ -170,21 +171,20 @@ def test_quantize_model_swaps_every_linear(tiny_dirs):
     q = load_model(str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False, quantization="int4").model
     assert linear_names(q) == []
     assert sum(isinstance(m, BlockQuantLinear) for m in q.modules()) == 4 * ref.config.num_layers + 1
-    ids = torch.tensor([[5, 17, 42, 7, 99, 3, 11, 250]])
-    pos = torch.arange(ids.shape[1])[None]
+    ids = [5, 17, 42, 7, 99, 3, 11, 250]
     # reference: the float model computing with exactly the int4 weights (a tiny random model amplifies
     # the 4-bit rounding itself too much to compare with the unquantized one)
     for name in linear_names(ref):
         lin = ref.get_submodule(name)
         lin.weight.data = dequantize(quantize_int4(lin.weight.data))
-    a = ref.compute_logits(ref(ids, pos, ref.new_kv_cache(16)))
-    b = q.compute_logits(q(ids, pos, q.new_kv_cache(16)))
+    a = forward_once(ref, ids)
+    b = forward_once(q, ids)
     assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.999
     assert torch.equal(a.argmax(-1), b.argmax(-1))
     # a second load reads the int4 conversion-cache entry back and gives the same model
     q2 = load_model(str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False, quantization="int4")
     assert not q2.converted
-    assert torch.equal(q2.model.compute_logits(q2.model(ids, pos, q2.model.new_kv_cache(16))), b)
+    assert torch.equal(forward_once(q2.model, ids), b)
 
 
 def test_int4_model_steps_match_one_forward(tiny_dirs):
@@ -192,12 +192,15 @@ def test_int4_model_steps_match_one_forward(tiny_dirs):
     from specdec.models.loader import load_model
 
     m = load_model(str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False, quantization="int4").model
-    ids = torch.tensor([[5, 17, 42, 7, 99, 3, 11, 250]])
-    full = m.compute_logits(m(ids, torch.arange(8)[None], m.new_kv_cache(16)))
-    cache = m.new_kv_cache(16)
-    m(ids[:, :3], torch.arange(3)[None], cache)
-    steps = [m.compute_logits(m(ids[:, i:i + 1], torch.tensor([[i]]), cache)) for i in range(3, 8)]
-    assert torch.equal(torch.cat(steps, dim=1), full[:, 3:])
+    from specdec.engine.kv_manager import KVManager
+    from specdec.models.runner import Span, forward_spans
+
+    ids = [5, 17, 42, 7, 99, 3, 11, 250]
+    full = forward_once(m, ids)
+    kv = KVManager(m, 256).ensure(0, 8)
+    forward_spans(m, [Span(kv, 0, ids[:3], "none")])
+    steps = [forward_spans(m, [Span(kv, i, [ids[i]], "all")])[0] for i in range(3, 8)]
+    assert torch.equal(torch.cat(steps), full[3:])
 
 
 def test_int4_without_kernels_fails_clearly_and_bf16_still_works(tiny_dirs, monkeypatch):
@@ -210,7 +213,7 @@ def test_int4_without_kernels_fails_clearly_and_bf16_still_works(tiny_dirs, monk
     m = load_model(str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False).model
     with pytest.raises(SpecDecError, match="specdec._C"):
         quantize_model(m, "int4")
-    m(torch.tensor([[1, 2]]), torch.arange(2)[None], m.new_kv_cache(8))
+    assert forward_once(m, [1, 2]).shape[0] == 2
 
 
 def test_unknown_scheme_is_rejected():

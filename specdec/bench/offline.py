@@ -51,6 +51,7 @@ class OfflineBenchConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     draft_quantization: str | None = None
+    quantization: str | None = None         # the target's weights (--quantization)
     progress: bool = True
 
     def __post_init__(self):
@@ -128,6 +129,7 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     t0 = time.perf_counter()
     llm = LLM(target=cfg.target or DEFAULT_TARGET, draft=cfg.draft, dtype=cfg.dtype, device=cfg.device,
               max_model_len=cfg.max_model_len, num_threads=cfg.threads, progress=cfg.progress,
+              quantization=cfg.quantization,
               speculative=SpeculativeConfig(method="draft" if need_draft else "none",
                                             quantization=cfg.draft_quantization,
                                             prompt_lookup_max=cfg.prompt_lookup_max,

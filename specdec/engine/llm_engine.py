@@ -204,13 +204,17 @@ class LLMEngine:
         """Each decoding sequence's draft for this step, by its own method and k."""
         plans = [_Plan() for _ in seqs]
         budget = None
+        # method auto under load: past the policy's max_load running sequences every step of theirs is plain (the
+        # per-request gate, applied per step: a request admitted at low load stops drafting once the batch fills;
+        # the draft model's catch-up forwards are not in the step budget, so it would underprice them)
+        auto_off = self._policy is not None and len(seqs) > self._policy.cfg.max_load
         to_draft: list[tuple[int, int]] = []            # (index, k) for the draft model
         # fixed methods first: their rows are part of what auto's sequences see in the budget
         order = sorted(range(len(seqs)), key=lambda i: seqs[i].spec.method == "auto")
         for i in order:
             seq, sp, plan = seqs[i], seqs[i].spec, plans[i]
             room = min(sp.k, seq.room)
-            if room <= 0 or sp.method == "none":
+            if room <= 0 or sp.method == "none" or (auto_off and sp.method == "auto"):
                 continue
             if sp.method == "ngram":
                 guess = self.lookup_for(sp).match(seq.token_ids, room)[1]

@@ -83,7 +83,7 @@ def run_server(args) -> int:
         raise SpecDecError(str(exc)) from None
     llm = LLM(target=args.target, draft=spec.model if spec.method in ("draft", "auto") else None, speculative=spec,
               dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, num_threads=args.threads,
-              scheduler=scheduler)
+              scheduler=scheduler, quantization=args.quantization)
     if spec.method == "auto":
         from ..policy import PolicyConfig
 
