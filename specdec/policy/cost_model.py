@@ -75,23 +75,31 @@ class CostModel:
                    float(d.get("lookup", 0.0)), float(d.get("target_step_s", 0.0)), d.get("source", "cache"))
 
 
+def proposal_cost(method: str, k: int, cost: CostModel) -> float:
+    """Time spent proposing k tokens, in target-step units: k draft steps, or one n-gram lookup."""
+    if method == "draft":
+        return k * cost.draft_step
+    if method == "ngram":
+        return cost.lookup
+    raise ValueError(f"no cost model for method '{method}'")
+
+
 def expected_speedup(method: str, alpha: float, k: int, cost: CostModel) -> float:
     """S(α, k) for `draft` or `ngram` (1.0 for `none` or k = 0)."""
     if method == "none" or k <= 0:
         return 1.0
-    e = expected_tokens(alpha, k)
-    if method == "draft":
-        return e / (k * cost.draft_step + cost.V(k + 1))
-    if method == "ngram":
-        return e / (cost.V(k + 1) + cost.lookup)
-    raise ValueError(f"no cost model for method '{method}'")
+    return expected_tokens(alpha, k) / (cost.V(k + 1) + proposal_cost(method, k, cost))
 
 
 def best_k(method: str, alpha: float, cost: CostModel, k_max: int) -> tuple[int, float]:
     """The k in 1..k_max with the highest expected speedup (ties go to the smaller k)."""
+    return _best(lambda k: expected_speedup(method, alpha, k, cost), k_max)
+
+
+def _best(score, k_max: int) -> tuple[int, float]:
     best = (0, 1.0)
     for k in range(1, k_max + 1):
-        s = expected_speedup(method, alpha, k, cost)
+        s = score(k)
         if s > best[1] + 1e-9:
             best = (k, s)
     return best
@@ -118,22 +126,14 @@ class StepBudget:
         """The step's expected rate with this sequence's k drafts, relative to without them."""
         if k <= 0:
             return 1.0
-        per_token = self.cost.draft_step if method == "draft" else 0.0
-        fixed = self.cost.lookup if method == "ngram" else 0.0
-        return self.rate(expected_tokens(alpha, k) - 1.0, k, k * per_token + fixed) / self.rate()
+        return self.rate(expected_tokens(alpha, k) - 1.0, k, proposal_cost(method, k, self.cost)) / self.rate()
 
     def best(self, method: str, alpha: float, k_max: int) -> tuple[int, float]:
         """The k in 0..k_max with the highest gain (ties go to the smaller k)."""
-        best = (0, 1.0)
-        for k in range(1, k_max + 1):
-            g = self.gain(method, alpha, k)
-            if g > best[1] + 1e-9:
-                best = (k, g)
-        return best
+        return _best(lambda k: self.gain(method, alpha, k), k_max)
 
     def add(self, method: str, alpha: float, k: int) -> None:
         if k > 0:
             self.tokens += expected_tokens(alpha, k) - 1.0
             self.rows += k
-            self.extra += k * (self.cost.draft_step if method == "draft" else 0.0) + \
-                (self.cost.lookup if method == "ngram" else 0.0)
+            self.extra += proposal_cost(method, k, self.cost)
