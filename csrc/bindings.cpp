@@ -2,6 +2,7 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "ops.h"
 #include "qlinear.h"
 
 namespace {
@@ -91,9 +92,13 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.doc() = "specdec CPU kernels: block-quantized (int4 / int8 codes) linear layers";
+    m.doc() = "specdec CPU kernels: block-quantized (int4 / int8 codes) linear layers, fused norm and rotary steps";
     m.def("qlinear", &qlinear, "y[m, n] fp32 = x[m, k] @ dequant(W)^T (+ bias)", pybind11::arg("x"),
           pybind11::arg("qw"), pybind11::arg("sc"), pybind11::arg("mn"), pybind11::arg("dm"), pybind11::arg("bias"),
           pybind11::arg("bits"), pybind11::arg("group"), pybind11::arg("sb"), pybind11::arg("impl") = 0);
+    specdec::register_ops(m);
+    specdec::register_attention(m);
+    m.def("set_prefetch_distance", &specdec::set_prefetch_distance, "bytes of weights prefetched ahead (0 = off)");
+    m.def("prefetch_distance", &specdec::prefetch_distance);
     m.def("has_avx512_vnni", &specdec::cpu_has_avx512_vnni, "the CPU runs the AVX-512 VNNI kernel");
 }

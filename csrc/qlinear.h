@@ -69,6 +69,8 @@ inline float to_float(uint16_t bf16_bits) {   // bf16 -> fp32 is exact: the bits
 void qlinear_portable(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1);
 void qlinear_avx512(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1);
 bool cpu_has_avx512_vnni();
+void set_prefetch_distance(int64_t bytes);   // software prefetch ahead of the weight stream (0 = off)
+int64_t prefetch_distance();
 
 float half_to_float(uint16_t h);
 

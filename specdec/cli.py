@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="distinct spec_pool tags kept; later new tags share the pool 'other'")
     sv.add_argument("--log-interval", type=float, default=10.0, help="seconds between speculative-decoding log lines")
 
+    from .models.registry import DEFAULT_TARGET
+
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
     bo = bsub.add_parser("offline", help="A/B evaluation on real prompts: results.json, report.md, plots")
@@ -113,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--out", default="out/bench-offline", help="output directory")
     bo.add_argument("--no-progress", action="store_true")
     _add_proposer_args(bo)
+
+    bq = bsub.add_parser("quality", help="quantization quality vs the runtime-dtype model: perplexity, KL divergence, "
+                                         "top-1 agreement")
+    bq.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, .gguf file or HF directory")
+    bq.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    bq.add_argument("--schemes", default="int8,int4", help="comma-separated quantization schemes compared with none")
+    bq.add_argument("--text", default="sharegpt", help="sharegpt (seeded whole conversations) or a UTF-8 text file")
+    bq.add_argument("--tokens", type=int, default=2048, help="tokens of the text scored")
+    bq.add_argument("--window", type=int, default=512, help="tokens per window, each scored from an empty cache")
+    bq.add_argument("--seed", type=int, default=0)
+    bq.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    bq.add_argument("--out", default="out/bench-quality", help="output directory")
 
     bs = bsub.add_parser("serve", help="serving benchmark against OpenAI-compatible endpoints")
     bs.add_argument("--endpoint", action="append", default=[], help="base URL, e.g. http://127.0.0.1:8000 (repeatable)")
@@ -226,9 +240,22 @@ def cmd_bench_serve(args) -> int:
     return 0
 
 
+def cmd_bench_quality(args) -> int:
+    from .bench.quality import QualityConfig, render_quality, run_quality
+
+    cfg = QualityConfig(target=args.target, schemes=_csv(args.schemes, str, "--schemes"), dtype=args.dtype,
+                        text=args.text, num_tokens=args.tokens, window=args.window, seed=args.seed,
+                        threads=args.threads, out=args.out)
+    print(render_quality(run_quality(cfg)))
+    print(f"wrote {args.out}/results.json and report.md")
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.bench_command == "offline":
         return cmd_bench_offline(args)
+    if args.bench_command == "quality":
+        return cmd_bench_quality(args)
     return cmd_bench_serve(args)
 
 

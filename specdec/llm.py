@@ -24,6 +24,8 @@ from .proposers import check_compatible
 from .proposers.ngram import find_ngram_continuation
 from .sampling_params import SamplingParams
 
+COST_MODEL_REVISION = 2      # part of the cost-model cache key: 2 = fused CPU norm/rotary/attention steps
+
 Prompt = str | list[dict]   # raw text or chat messages
 
 
@@ -87,11 +89,13 @@ class LLM:
         from .models.registry import cache_dir
         from .utils import write_json_atomic
 
+        # the revision changes when the forward's cost changes shape (e.g. the fused CPU ops), so that a cost model
+        # measured on older code is measured again
         p = self.target.model.embed_tokens.weight
         max_rows = self.scheduler_config.max_num_seqs * (k_max + 1)
         key = "|".join(map(str, (self.target.source, self.draft.source if self.draft else None, p.dtype, p.device,
                                  torch.get_num_threads(), k_max, max_rows, torch.__version__,
-                                 self.quantization, self.speculative.quantization)))
+                                 self.quantization, self.speculative.quantization, COST_MODEL_REVISION)))
         path = cache_dir() / "cost_models" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if path.is_file():
             try:

@@ -124,6 +124,36 @@ def test_bf16_verification_forward_is_bit_identical_to_one_token_steps(tiny_dirs
             assert torch.equal(_step(model, cache, tokens[:T]), single[:T]), (prefix_len, T)
 
 
+def test_bf16_prompt_rows_do_not_depend_on_where_the_prompt_was_cut(tiny_dirs):
+    """Chunked prefill: a prompt run in one forward or cut into chunks (as the scheduler's token budget cuts it)
+    gives bit-identical rows; each row attends over its own key block, whatever else is in its chunk."""
+    lm = load_model(str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False)
+    model = lm.model
+    torch.manual_seed(3)
+    tokens = torch.randint(0, 300, (150,)).tolist()
+    whole = _step(model, _Cache(model), tokens)
+    for cuts in ((100, 1, 1, 5, 43), (63, 2, 64, 21), (1,) * 10 + (140,)):
+        cache, rows, at = _Cache(model), [], 0
+        for n in cuts:
+            rows.append(_step(model, cache, tokens[at: at + n]))
+            at += n
+        assert torch.equal(torch.cat(rows), whole), cuts
+
+
+def test_attention_runs_split_rows_by_key_block():
+    from specdec.models.attn_metadata import causal_metadata
+    from specdec.models.kv_cache import SeqKV
+
+    kv = SeqKV(1, 1, 4, torch.bfloat16)
+    (seq,) = causal_metadata([(kv, 60, 9)], min_query_rows=6, key_block=64).seqs
+    assert [(r.first, r.num_rows, r.key_len) for r in seq.runs] == [(0, 4, 64), (4, 5, 128)]
+    assert seq.key_len == 128 and seq.runs[0].mask.shape == (6, 64)
+    # row 1 of the first run (position 61) sees keys 0..61; padded query rows see every real key
+    assert seq.runs[0].mask[1].tolist() == [True] * 62 + [False] * 2
+    (one,) = causal_metadata([(kv, 0, 1)]).seqs             # fp32: one run over exactly the keys, no mask
+    assert [(r.first, r.num_rows, r.key_len, r.mask) for r in one.runs] == [(0, 1, 1, None)]
+
+
 def test_cache_grows_on_demand_keeping_its_contents(tiny_models):
     model = tiny_models[0].model
     mgr = KVManager(model, 64)

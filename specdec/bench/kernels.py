@@ -98,7 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", default=",".join(str(m) for m in range(1, 17)), help="comma list of M")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--layers", type=int, default=LAYERS, help="fewer layers for a quick look (head kept)")
+    ap.add_argument("--prefetch", type=int, default=None, help="our kernel's software prefetch distance in bytes")
     args = ap.parse_args(argv)
+    if args.prefetch is not None:
+        from ..models.quantization.kernels import load_kernels
+
+        load_kernels().set_prefetch_distance(args.prefetch)
     rows = [int(v) for v in args.rows.split(",")]
     methods = args.methods.split(",")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms per {args.layers}-layer forward, "

@@ -164,12 +164,20 @@ class LLMEngine:
         try:
             plans = self._propose(decodes, batch.num_rows)
             t1 = time.perf_counter()
-            spans = [Span(self.kv.get(s.seq_id), s.num_computed, [s.token_ids[-1]] + p.draft.token_ids.tolist(), "all")
-                     for s, p in zip(decodes, plans)]
+            spans = [Span(self.kv.get(s.seq_id), s.num_computed, [s.token_ids[-1]] + p.draft.token_ids.tolist(), "all",
+                          decode=True) for s, p in zip(decodes, plans)]
+            last_span = []                               # per prefill, the index of its last span
             for seq, n in prefills:
-                done = seq.num_computed + n == len(seq.token_ids)
-                spans.append(Span(self.kv.get(seq.seq_id), seq.num_computed,
-                                  seq.token_ids[seq.num_computed: seq.num_computed + n], "last" if done else "none"))
+                # a prompt chunk; after a preemption the recomputed output tokens go as decode rows, so that their
+                # K/V is computed exactly as when they were generated
+                lo, hi = seq.num_computed, seq.num_computed + n
+                done, cut = hi == len(seq.token_ids), min(max(len(seq.prompt_ids), lo), hi)
+                kv = self.kv.get(seq.seq_id)
+                for a, b, decode in ((lo, cut, False), (cut, hi, True)):
+                    if b > a:
+                        spans.append(Span(kv, a, seq.token_ids[a:b], "last" if done and b == hi else "none",
+                                          decode=decode))
+                last_span.append(len(spans) - 1)
             logits = forward_spans(self.model, spans)
         except Exception as exc:  # noqa: BLE001 - the step's requests fail; the engine goes on
             return [self._fail(s, exc) for s in [*decodes, *(s for s, _ in prefills)]]
@@ -177,7 +185,7 @@ class LLMEngine:
                                   sum(n for _, n in prefills), sum(len(p.draft) for p in plans))
         # verify every sequence that samples this step: decodes, and prompts whose last chunk just ran
         sampling = [(s, p, lg) for s, p, lg in zip(decodes, plans, logits)]
-        for (seq, n), lg in zip(prefills, logits[len(decodes):]):
+        for (seq, n), lg in zip(prefills, (logits[i] for i in last_span)):
             seq.num_computed += n
             self.kv.commit(seq.seq_id, seq.num_computed)
             if lg is not None:

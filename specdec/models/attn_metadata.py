@@ -1,13 +1,26 @@
 """Attention metadata of one forward: per sequence, where its rows are in the flat batch, where its new tokens go in
-its cache, and its mask. Built once per step outside the layers (a tree-shaped draft is just another mask).
+its cache, and which keys each row attends over. Built once per step outside the layers (a tree-shaped draft is
+just another mask).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
 from .kv_cache import SeqKV
+
+
+@dataclass
+class AttnRun:
+    """Consecutive query rows of one sequence that attend over the same (padded) key range in one kernel call."""
+    first: int                   # its first row among the sequence's new tokens
+    num_rows: int
+    key_len: int                 # keys attended (padded to the key block; padding is masked)
+    mask: torch.Tensor | None    # [rows, key_len] bool, rows >= num_rows (zero-padded queries); None = no mask needed
+    decode: bool = False         # generated tokens: the compiled attention runs them row by row over exactly their
+                                 # keys (key_len, mask and padding then only serve the eager fallback)
 
 
 @dataclass
@@ -16,8 +29,19 @@ class SeqAttn:
     start: int                   # cache position of the sequence's first new token in this forward
     num_tokens: int              # T: its new tokens (rows of the flat batch)
     query_start: int             # its first row in the flat batch
-    key_len: int                 # keys attended (start + T, padded to the key block; padding is masked)
-    mask: torch.Tensor | None    # [rows, key_len] bool, rows >= T (zero-padded queries); None = no mask needed
+    runs: list[AttnRun]
+
+    @property
+    def key_len(self) -> int:    # the cache positions the forward touches (the caller sizes the cache for them)
+        return max(r.key_len for r in self.runs)
+
+
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A bool mask as scaled_dot_product_attention turns it into one per call (0 where allowed, -inf where not, in
+    the query's dtype), made once per forward instead of once per layer; the attention is the same."""
+    if mask is None:
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 @dataclass
@@ -28,25 +52,68 @@ class AttnMetadata:
     def num_tokens(self) -> int:
         return sum(s.num_tokens for s in self.seqs)
 
+    @property
+    def max_position(self) -> int:
+        """The largest position written in this forward (sizes the rotary tables without a device sync)."""
+        return max(s.start + s.num_tokens for s in self.seqs) - 1
 
-def causal_metadata(spans: list[tuple[SeqKV, int, int]], min_query_rows: int = 1, key_block: int = 1,
+    @cached_property
+    def per_seq_lists(self) -> tuple[list, ...]:
+        """The metadata in the form the compiled ragged attention takes, built once per forward for every layer:
+        per sequence (k caches, v caches, starts, counts), then per run (sequence index, first row in the flat
+        batch, rows, key length, additive mask, decode)."""
+        seqs = self.seqs
+        runs = [(i, s.query_start + r.first, r.num_rows, r.key_len,
+                 None if r.decode else additive_mask(r.mask, s.kv.k.dtype), r.decode)
+                for i, s in enumerate(seqs) for r in s.runs]
+        return ([s.kv.k for s in seqs], [s.kv.v for s in seqs], [s.start for s in seqs], [s.num_tokens for s in seqs],
+                *map(list, zip(*runs)))
+
+
+def _causal_run(start: int, first: int, num_rows: int, min_query_rows: int, key_len: int,
+                device, decode: bool) -> AttnRun:
+    # rows first .. first+num_rows-1 of a sequence whose new tokens start at cache position `start`:
+    # row i (position start+i) sees keys 0..start+i
+    rows = max(num_rows, min_query_rows)
+    end = start + first + num_rows
+    mask = None
+    if rows > 1:
+        mask = torch.zeros(rows, key_len, dtype=torch.bool, device=device)
+        mask[:, :end] = torch.ones(rows, end, dtype=torch.bool, device=device).tril(start + first)
+    return AttnRun(first, num_rows, key_len, mask, decode)
+
+
+def causal_metadata(spans: list[tuple], min_query_rows: int = 1, key_block: int = 1,
                     device: torch.device | str | None = None) -> AttnMetadata:
-    """spans: (kv, start, num_tokens) per sequence, in flat-batch order -> causal AttnMetadata.
+    """spans: (kv, start, num_tokens) or (kv, start, num_tokens, decode) per sequence, in flat-batch order ->
+    causal AttnMetadata.
+
+    Decode rows (generated tokens: plain steps, verification rows) go to the compiled row-by-row attention on
+    CPU, which is batch-invariant by construction: each row attends over exactly its own keys in a fixed order.
+    Prompt rows (prefill chunks) go to ATen's flash attention, which pays a set-up per call but is fast over
+    hundreds of rows; so that they too do not depend on the chunking, they are split into key-block runs below.
+    The same runs and masks serve the eager fallback for both kinds (no compiled ops, or CUDA).
 
     Query i of a sequence (position start+i) sees keys 0..start+i. With `min_query_rows` > 1 or `key_block` > 1
-    (bf16 on CPU), every sequence's attention runs over at least that many query rows and over keys padded to a
-    multiple of the block, so a one-token step and a (k+1)-token verification take the same kernel paths and give
-    bit-identical rows (see models/packed_linear.py). The caller sizes each cache to hold `key_len` positions.
+    (bf16 on CPU) every row's attention runs over at least that many query rows and over its keys padded to the
+    multiple of the block that holds its own position: rows whose positions fall in different key blocks go in
+    separate runs (kernel calls). A row's attention then depends on its position only, not on how many rows share
+    the forward or where a prompt was cut into chunks, so a one-token step and a (k+1)-token verification give
+    bit-identical rows (see models/packed_linear.py). The caller sizes each cache for the largest key length.
     """
     seqs, row = [], 0
-    for kv, start, t in spans:
-        end = start + t
-        rows = max(t, min_query_rows)
-        key_len = -(-end // key_block) * key_block if key_block > 1 else end
-        mask = None
-        if rows > 1:
-            mask = torch.zeros(rows, key_len, dtype=torch.bool, device=device)
-            mask[:, :end] = torch.ones(rows, end, dtype=torch.bool, device=device).tril(start)
-        seqs.append(SeqAttn(kv, start, t, row, key_len, mask))
+    for kv, start, t, *kind in spans:
+        decode = bool(kind and kind[0])
+        runs = []
+        if key_block > 1:
+            first = 0
+            while first < t:
+                key_len = -(-(start + first + 1) // key_block) * key_block     # the block holding this row's key
+                n = min(t, key_len - start) - first                             # rows whose keys end in that block
+                runs.append(_causal_run(start, first, n, min_query_rows, key_len, device, decode))
+                first += n
+        else:
+            runs.append(_causal_run(start, 0, t, min_query_rows, start + t, device, decode))
+        seqs.append(SeqAttn(kv, start, t, row, runs))
         row += t
     return AttnMetadata(seqs)

@@ -15,6 +15,7 @@ from torch import nn
 from .config import ModelConfig
 from .attn_metadata import AttnMetadata
 from .kv_cache import SeqKV
+from . import cpu_ops
 
 
 class RMSNorm(nn.Module):
@@ -23,11 +24,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 like the reference implementation; bf16 variance loses too much.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, hidden] -> (normalised, residual): with a residual, it becomes residual + x (in place) first.
+        Normalised in fp32 like the reference implementation (bf16 variance loses too much)."""
+        return cpu_ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 def rope_tables(cfg: ModelConfig, max_positions: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,14 +39,6 @@ def rope_tables(cfg: ModelConfig, max_positions: int, device=None) -> tuple[torc
     return emb.cos().float(), emb.sin().float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [N, H, D]; cos/sin: [N, 1, D]
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -55,28 +47,12 @@ class Attention(nn.Module):
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
-        self.split = (q_size, kv_size, kv_size)
 
-    def forward(self, x: torch.Tensor, cos, sin, attn: AttnMetadata) -> torch.Tensor:
-        # x: [N, hidden], the rows of every sequence in the step
-        N = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = apply_rope(q.view(N, self.num_heads, self.head_dim), cos, sin)       # [N, Hq, D]
-        k = apply_rope(k.view(N, self.num_kv_heads, self.head_dim), cos, sin)    # [N, Hkv, D]
-        v = v.view(N, self.num_kv_heads, self.head_dim)
-        outs = []
-        for s in attn.seqs:     # each sequence attends to its own cache only: a row never depends on its neighbours
-            rows = slice(s.query_start, s.query_start + s.num_tokens)
-            k_cache, v_cache = s.kv.layer(self.layer_idx)                        # [Hkv, capacity, D]
-            k_cache[:, s.start: s.start + s.num_tokens] = k[rows].transpose(0, 1)
-            v_cache[:, s.start: s.start + s.num_tokens] = v[rows].transpose(0, 1)
-            q_s = q[rows].transpose(0, 1)                                        # [Hq, T, D]
-            if s.mask is not None and s.mask.shape[0] > s.num_tokens:   # padded queries: see causal_metadata
-                q_s = torch.cat([q_s, q_s.new_zeros(self.num_heads, s.mask.shape[0] - s.num_tokens, self.head_dim)], 1)
-            out = F.scaled_dot_product_attention(q_s[None], k_cache[None, :, : s.key_len],
-                                                 v_cache[None, :, : s.key_len], attn_mask=s.mask, enable_gqa=True)
-            outs.append(out[0, :, : s.num_tokens].transpose(0, 1).reshape(s.num_tokens, -1))   # [T, Hq*D]
-        return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
+    def forward(self, x: torch.Tensor, positions, cos, sin, attn: AttnMetadata) -> torch.Tensor:
+        # x: [N, hidden], the rows of every sequence in the step; cos/sin: [P, D] tables indexed by positions [N]
+        q, k, v = cpu_ops.rope_qkv(self.qkv_proj(x), positions, cos, sin, self.num_heads, self.num_kv_heads,
+                                   self.head_dim)                               # [N, Hq, D], [N, Hkv, D] x 2
+        return self.o_proj(cpu_ops.ragged_attention(q, k, v, attn, self.layer_idx))   # [N, Hq*D] -> [N, hidden]
 
 
 class MLP(nn.Module):
@@ -87,8 +63,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(cpu_ops.silu_mul(self.gate_up_proj(x)))   # [N, 2I] -> [N, I] -> [N, hidden]
 
 
 class DecoderLayer(nn.Module):
@@ -99,9 +74,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, attn):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, positions, cos, sin, attn):
+        # x: this layer's input before the residual add (the previous layer's MLP output, or the embeddings
+        # with residual None); returns (MLP output, residual): the adds are fused into the norms
+        h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, cos, sin, attn)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class Transformer(nn.Module):
@@ -120,13 +99,12 @@ class Transformer(nn.Module):
         self.min_query_rows = 1
         self.key_block = 1
 
-    def _rope(self, positions: torch.Tensor):
-        needed = int(positions.max()) + 1
+    def _rope(self, needed: int, device):
         if needed > self._rope_len:  # grow in powers of two; rebuilt rarely
             size = max(4096, 1 << (needed - 1).bit_length())
-            self._cos, self._sin = rope_tables(self.config, size, positions.device)
+            self._cos, self._sin = rope_tables(self.config, size, device)
             self._rope_len = size
-        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)  # [N, 1, D]
+        return self._cos, self._sin   # [P, D] each
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnMetadata) -> torch.Tensor:
@@ -134,11 +112,11 @@ class Transformer(nn.Module):
 
         Writes each sequence's new K/V at the cache positions `attn` gives; never changes a cache's length.
         """
-        cos, sin = self._rope(positions)
-        x = self.embed_tokens(input_ids)
+        cos, sin = self._rope(attn.max_position + 1, input_ids.device)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, cos, sin, attn)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, cos, sin, attn)
+        return self.norm(x, residual)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

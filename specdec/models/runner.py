@@ -18,6 +18,8 @@ class Span:
     start: int                   # cache position of token_ids[0]
     token_ids: list[int]
     logits: str = "last"         # which rows need logits: "last", "all" or "none"
+    decode: bool = False         # generated tokens (a decode step, verification rows), not prompt tokens: their
+                                 # attention runs row by row (see models/attn_metadata.py)
 
 
 @torch.inference_mode()
@@ -37,7 +39,7 @@ def forward_spans(model, spans: list[Span]) -> list[torch.Tensor | None]:
         else:
             want.append(None)
         row += n
-    attn = causal_metadata([(s.kv, s.start, len(s.token_ids)) for s in spans], model.min_query_rows,
+    attn = causal_metadata([(s.kv, s.start, len(s.token_ids), s.decode) for s in spans], model.min_query_rows,
                            model.key_block, device)
     hidden = model(torch.tensor(ids, dtype=torch.long, device=device),
                    torch.tensor(pos, dtype=torch.long, device=device), attn)          # [N, hidden]

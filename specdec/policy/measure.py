@@ -27,7 +27,7 @@ def _forward_time(model, n: int, context: int, repeats: int) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        forward_spans(model, [Span(kv, context, step, "last")])
+        forward_spans(model, [Span(kv, context, step, "last", decode=True)])   # as the engine verifies
         if device.type == "cuda":
             torch.cuda.synchronize()
         if i:                                     # the first is a warm-up

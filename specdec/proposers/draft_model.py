@@ -10,6 +10,8 @@ from ..sampling.logits import probs_from_logits, sample
 from ..tokenizer import Tokenizer
 from .base import Draft, ProposalContext, Proposer, VerifyResult
 
+DECODE_ROWS = 16     # catch-up spans up to this many tokens run as decode rows (row-by-row attention)
+
 
 def check_compatible(target_tok: Tokenizer, draft_tok: Tokenizer, target_vocab: int, draft_vocab: int) -> None:
     """Refuse a draft whose tokens mean something else to the target (llama.cpp's are_compatible)."""
@@ -74,7 +76,8 @@ class DraftModelProposer(Proposer):
                 continue
             budget -= len(missing)
             self.kv.ensure(ctx.seq_id, len(ids) + k)
-            spans.append(Span(kv, kv.length, missing, "last"))
+            # a few new tokens take the decode path (the draft's rows need no exactness; this is about speed)
+            spans.append(Span(kv, kv.length, missing, "last", decode=len(missing) <= DECODE_ROWS))
             owners.append(i)
         step = 0
         while spans:
@@ -87,7 +90,7 @@ class DraftModelProposer(Proposer):
                 tok = self._sample(lg[:, : self.vocab_size], ctxs[i], q_rows[i])
                 drafted[i].append(tok)
                 if len(drafted[i]) < ks[i]:
-                    nxt.append(Span(span.kv, span.kv.length, [tok], "last"))
+                    nxt.append(Span(span.kv, span.kv.length, [tok], "last", decode=True))
                     nxt_owners.append(i)
             spans, owners = nxt, nxt_owners
             step += 1

@@ -96,6 +96,7 @@ def quantize_model(model: nn.Module, scheme: str | None, packed: dict | None = N
 
     def make(name, m):
         p = packed.get(name) or pack(quantize_int4(m.weight.data.float()))
+        p.share_equal_scales()
         return BlockQuantLinear(p, None if m.bias is None else m.bias.data)
 
     n = _replace(model, make)

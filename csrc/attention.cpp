@@ -1,0 +1,229 @@
+// The per-sequence part of attention for a ragged batch on CPU, as one call per layer: write each sequence's
+// new K/V rows into its cache, run scaled-dot-product attention of each run of query rows over its sequence's
+// cached keys (ATen's kernel, with the run's mask and query padding exactly as the eager code passes them),
+// and gather the outputs into one [N, Hq * D] tensor. The arithmetic is ATen's; what this saves
+// is the ~15 Python-level ops per sequence and layer around it (milliseconds per step at 8 sequences).
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "ops.h"
+#include "vec_math.h"
+
+namespace {
+
+// Decode and verification rows (a sequence's generated tokens) attend with the kernel below instead of ATen's:
+// one query row and head at a time over exactly its keys 0..pos, in a fixed order, fp32 throughout. A row's
+// result therefore depends on its position only -- never on how many rows share the call or how the keys are
+// padded -- and a one-token step costs microseconds instead of ATen's ~100 us of per-call set-up per layer.
+// Prompt rows keep ATen's flash attention (faster for hundreds of rows), in key-block runs.
+
+// One (row, head): q [D], keys/values [nkeys, D] (row stride D) -> out [D]; s: scratch of nkeys floats.
+template <typename T>
+void attend_scalar(const T* q, const T* kc, const T* vc, int64_t d, int64_t nkeys, float scale, float* s, T* out) {
+    float m = -INFINITY;
+    for (int64_t j = 0; j < nkeys; ++j) {
+        float acc = 0.f;
+        for (int64_t i = 0; i < d; ++i) acc += static_cast<float>(q[i]) * static_cast<float>(kc[j * d + i]);
+        s[j] = acc * scale;
+        m = std::max(m, s[j]);
+    }
+    float total = 0.f;
+    for (int64_t j = 0; j < nkeys; ++j) total += (s[j] = std::exp(s[j] - m));
+    std::vector<float> o(d, 0.f);
+    for (int64_t j = 0; j < nkeys; ++j)
+        for (int64_t i = 0; i < d; ++i) o[i] += s[j] * static_cast<float>(vc[j * d + i]);
+    for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(o[i] / total);
+}
+
+#ifdef SPECDEC_HAVE_AVX512
+using specdec::vexp;
+using specdec::vload;
+using specdec::vstore;
+
+template <typename B>   // B: float or uint16_t (bf16 bits); d a multiple of 16, at most 256
+SPECDEC_AVX512F void attend_avx512(const B* q, const B* kc, const B* vc, int64_t d, int64_t nkeys, float scale,
+                                   float* s, B* out) {
+    const int nv = int(d / 16);
+    __m512 qv[16];
+    for (int i = 0; i < nv; ++i) qv[i] = vload(q + 16 * i);
+    for (int64_t j = 0; j < nkeys; ++j) {
+        const B* kj = kc + j * d;
+        __m512 acc = _mm512_mul_ps(qv[0], vload(kj));
+        for (int i = 1; i < nv; ++i) acc = _mm512_fmadd_ps(qv[i], vload(kj + 16 * i), acc);
+        s[j] = _mm512_reduce_add_ps(acc) * scale;
+    }
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 16 <= nkeys; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
+    const __mmask16 tail = __mmask16((1u << (nkeys - j)) - 1);
+    vmax = _mm512_mask_max_ps(vmax, tail, vmax, _mm512_maskz_loadu_ps(tail, s + j));
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+    __m512 vsum = _mm512_setzero_ps();
+    for (j = 0; j + 16 <= nkeys; j += 16) {
+        const __m512 e = vexp(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
+        _mm512_storeu_ps(s + j, e);
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    if (tail) {
+        const __m512 e = _mm512_maskz_mov_ps(tail, vexp(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), m)));
+        _mm512_mask_storeu_ps(s + j, tail, e);
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    __m512 o[16];
+    for (int i = 0; i < nv; ++i) o[i] = _mm512_setzero_ps();
+    for (j = 0; j < nkeys; ++j) {
+        const __m512 e = _mm512_set1_ps(s[j]);
+        const B* vj = vc + j * d;
+        for (int i = 0; i < nv; ++i) o[i] = _mm512_fmadd_ps(e, vload(vj + 16 * i), o[i]);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+    for (int i = 0; i < nv; ++i) vstore(out + 16 * i, _mm512_mul_ps(o[i], inv));
+}
+#endif
+
+struct DecodeTask {
+    int64_t seq, row, pos, head;   // flat-batch row, its position, its query head
+};
+
+// Every (row, head) of the decode runs, split over threads; each task reads its sequence's cache of this layer.
+template <typename T, typename B>
+void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vector<DecodeTask>& tasks,
+                      const std::vector<const T*>& kbase, const std::vector<const T*>& vbase,
+                      const std::vector<int64_t>& caps, int64_t hq, int64_t hkv, int64_t d) {
+    const T* qp = q.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    const int64_t qs0 = q.stride(0), qs1 = q.stride(1), group = hq / hkv;
+    const float scale = 1.0f / std::sqrt(float(d));
+#ifdef SPECDEC_HAVE_AVX512
+    const bool vec = specdec::cpu_has_avx512f() && d % 16 == 0 && d <= 256;
+#else
+    const bool vec = false;
+#endif
+    at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
+        std::vector<float> scratch;
+        for (int64_t t = t0; t < t1; ++t) {
+            const DecodeTask& task = tasks[t];
+            const int64_t g = task.head / group, cap = caps[task.seq], nkeys = task.pos + 1;
+            if (int64_t(scratch.size()) < nkeys) scratch.resize(nkeys + 256);
+            const T* qh = qp + task.row * qs0 + task.head * qs1;
+            const T* kc = kbase[task.seq] + g * cap * d;
+            const T* vc = vbase[task.seq] + g * cap * d;
+            T* o = op + task.row * hq * d + task.head * d;
+#ifdef SPECDEC_HAVE_AVX512
+            if (vec) {
+                attend_avx512<B>(reinterpret_cast<const B*>(qh), reinterpret_cast<const B*>(kc),
+                                 reinterpret_cast<const B*>(vc), d, nkeys, scale, scratch.data(), reinterpret_cast<B*>(o));
+                continue;
+            }
+#endif
+            attend_scalar<T>(qh, kc, vc, d, nkeys, scale, scratch.data(), o);
+        }
+    });
+}
+
+// q: [N, Hq, D]; k, v: [N, Hkv, D] (this forward's rows, flat over sequences, in sequence order)
+// per sequence i: k_caches[i], v_caches[i] its whole cache [L, Hkv, capacity, D] (layer picks the layer),
+//   starts[i] the cache position of its first new row, counts[i] its rows
+// per run r (rows of one sequence attending over the same key range): run_seq[r] the sequence, run_row[r] its
+//   first row in the flat batch, run_rows[r] its rows, run_keys[r] the keys attended, run_masks[r] an additive
+//   mask [rows_r, keys_r] (rows_r >= run_rows[r]: zero-padded queries) or None
+torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
+                               int64_t layer, const std::vector<int64_t>& starts, const std::vector<int64_t>& counts,
+                               const std::vector<int64_t>& run_seq, const std::vector<int64_t>& run_row,
+                               const std::vector<int64_t>& run_rows, const std::vector<int64_t>& run_keys,
+                               const std::vector<c10::optional<torch::Tensor>>& run_masks,
+                               const std::vector<bool>& run_decode) {
+    const size_t nseq = starts.size(), nrun = run_seq.size();
+    TORCH_CHECK(k_caches.size() == nseq && v_caches.size() == nseq && counts.size() == nseq,
+                "ragged_attention: one cache, start and count per sequence");
+    TORCH_CHECK(run_row.size() == nrun && run_rows.size() == nrun && run_keys.size() == nrun && run_masks.size() == nrun &&
+                run_decode.size() == nrun,
+                "ragged_attention: one entry per run in every run list");
+    TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "ragged_attention: q, k, v must be [N, heads, D]");
+    const int64_t n = q.size(0), hq = q.size(1), d = q.size(2);
+    std::vector<torch::Tensor> kcs(nseq), vcs(nseq);
+    int64_t row = 0;
+    for (size_t i = 0; i < nseq; ++i) {   // this forward's K/V into each sequence's cache
+        const int64_t t = counts[i], start = starts[i];
+        TORCH_CHECK(row + t <= n, "ragged_attention: counts exceed the rows");
+        kcs[i] = k_caches[i].select(0, layer);                                              // [Hkv, capacity, D]
+        vcs[i] = v_caches[i].select(0, layer);
+        TORCH_CHECK(start + t <= kcs[i].size(1), "ragged_attention: cache too small");
+        kcs[i].narrow(1, start, t).copy_(k.narrow(0, row, t).transpose(0, 1));
+        vcs[i].narrow(1, start, t).copy_(v.narrow(0, row, t).transpose(0, 1));
+        row += t;
+    }
+    TORCH_CHECK(row == n, "ragged_attention: counts do not cover the rows");
+    auto out = torch::empty({n, hq * d}, q.options());
+    std::vector<int64_t> first_row(nseq);
+    for (size_t i = 0, acc = 0; i < nseq; acc += counts[i], ++i) first_row[i] = int64_t(acc);
+    std::vector<DecodeTask> tasks;
+    for (size_t r = 0; r < nrun; ++r) {
+        const int64_t i = run_seq[r], r0 = run_row[r], t = run_rows[r], key_len = run_keys[r];
+        TORCH_CHECK(i >= 0 && size_t(i) < nseq && r0 >= first_row[i] && t >= 1 && r0 + t <= first_row[i] + counts[i],
+                    "ragged_attention: bad run");
+        if (run_decode[r]) {          // the kernel above, after the prompt runs
+            for (int64_t row = r0; row < r0 + t; ++row)
+                for (int64_t h = 0; h < hq; ++h) tasks.push_back({i, row, starts[i] + row - first_row[i], h});
+            continue;
+        }
+        TORCH_CHECK(key_len <= kcs[i].size(1), "ragged_attention: cache too small");
+        torch::Tensor qs = q.narrow(0, r0, t).transpose(0, 1);                               // [Hq, T, D]
+        const auto& mask = run_masks[r];
+        c10::optional<torch::Tensor> m;
+        if (mask.has_value() && mask->defined()) {
+            m = *mask;
+            const int64_t rows = mask->size(0);
+            if (rows > t) {   // zero-padded query rows, as the eager code builds them
+                auto padded = torch::zeros({hq, rows, d}, q.options());
+                padded.narrow(1, 0, t).copy_(qs);
+                qs = padded;
+            }
+        }
+        auto o = at::scaled_dot_product_attention(qs.unsqueeze(0), kcs[i].narrow(1, 0, key_len).unsqueeze(0),
+                                                  vcs[i].narrow(1, 0, key_len).unsqueeze(0), m, 0.0, false,
+                                                  c10::nullopt, true);                     // [1, Hq, rows, D]
+        out.narrow(0, r0, t).view({t, hq, d}).copy_(o.select(0, 0).narrow(1, 0, t).transpose(0, 1));
+    }
+    if (!tasks.empty()) {
+        TORCH_CHECK(q.stride(2) == 1 && q.scalar_type() == kcs[0].scalar_type(), "ragged_attention: q must match the cache");
+        std::vector<int64_t> caps(nseq);
+        for (size_t i = 0; i < nseq; ++i) {
+            TORCH_CHECK(kcs[i].is_contiguous() && vcs[i].is_contiguous(), "ragged_attention: caches must be contiguous");
+            caps[i] = kcs[i].size(1);
+        }
+        auto run = [&](auto* tag, auto* bits) {
+            using T = std::remove_pointer_t<decltype(tag)>;
+            using B = std::remove_pointer_t<decltype(bits)>;
+            std::vector<const T*> kb(nseq), vb(nseq);
+            for (size_t i = 0; i < nseq; ++i) {
+                kb[i] = kcs[i].data_ptr<T>();
+                vb[i] = vcs[i].data_ptr<T>();
+            }
+            decode_attention<T, B>(q, out, tasks, kb, vb, caps, hq, kcs[0].size(0), d);
+        };
+        if (q.scalar_type() == torch::kFloat)
+            run(static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+        else if (q.scalar_type() == torch::kBFloat16)
+            run(static_cast<c10::BFloat16*>(nullptr), static_cast<uint16_t*>(nullptr));
+        else
+            TORCH_CHECK(false, "ragged_attention: decode rows need float32 or bfloat16, got ", q.scalar_type());
+    }
+    return out;
+}
+
+}  // namespace
+
+namespace specdec {
+
+void register_attention(pybind11::module_& m) {
+    m.def("ragged_attention", &ragged_attention,
+          "per sequence: write K/V into its cache, attend its rows over its keys; outputs gathered [N, Hq*D]");
+}
+
+}  // namespace specdec

@@ -1,0 +1,115 @@
+"""Steps of the decoder layer around its matmuls: residual add + RMSNorm, rotary embedding, ragged attention,
+SiLU-and-multiply.
+
+On CPU they run as one call each in specdec._C (csrc/ops.cpp) when the extension is installed: in eager
+PyTorch they are ~40 small ops per layer, which cost a one-token decode step milliseconds of dispatch. On
+other devices, or without the extension, the eager code below runs. Both compute every row on its own
+(batch invariance) with the same fp32 arithmetic and roundings; they may differ in the last bit of a norm
+(the sum of squares is accumulated in another order), so one model uses one of them throughout.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torch.nn.functional as F
+
+from .attn_metadata import AttnMetadata
+
+_ext = None
+_FUSED_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _ops():
+    """specdec._C when it has the fused ops, else None (bf16/fp32 models then run the eager code)."""
+    global _ext
+    if _ext is None:
+        try:
+            _ext = importlib.import_module("specdec._C")
+        except ImportError:
+            _ext = False
+        if _ext is not False and not hasattr(_ext, "rms_norm"):
+            _ext = False
+    return _ext or None
+
+
+def fused_available(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype in _FUSED_DTYPES and _ops() is not None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: [N, hidden] -> (weight * norm(h), h) with h = x + residual (or x when residual is None).
+
+    The residual is updated in place when given (the caller owns it: the running hidden state).
+    """
+    if fused and weight.dtype == x.dtype and fused_available(x):
+        x = x.contiguous()
+        out = _ops().rms_norm(x, weight, eps, residual)
+        return out, (x if residual is None else residual)
+    if residual is not None:
+        residual.add_(x)
+        x = residual
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype), x
+
+
+def silu_mul(gate_up: torch.Tensor, fused: bool = True) -> torch.Tensor:
+    """gate_up: [N, 2I] (gate, then up) -> silu(gate) * up  # [N, I]"""
+    if fused and fused_available(gate_up):
+        return _ops().silu_mul(gate_up.contiguous())
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [N, H, D]; cos/sin: [N, 1, D] (NeoX/HF half-split layout)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+def rope_qkv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
+             num_kv_heads: int, head_dim: int, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv: [N, (Hq + 2 Hkv) D], positions: [N], cos/sin tables [P, D] fp32 -> q [N, Hq, D], k, v [N, Hkv, D],
+    q and k rotated (in place on qkv when fused)."""
+    N = qkv.shape[0]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    if fused and fused_available(qkv):
+        qkv = qkv.contiguous()
+        _ops().rope_(qkv, positions, cos, sin, num_heads, num_kv_heads, head_dim)
+        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+        return (q.view(N, num_heads, head_dim), k.view(N, num_kv_heads, head_dim),
+                v.view(N, num_kv_heads, head_dim))
+    q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)          # [N, 1, D]
+    return (rotate(q.reshape(N, num_heads, head_dim), c, s), rotate(k.reshape(N, num_kv_heads, head_dim), c, s),
+            v.reshape(N, num_kv_heads, head_dim))
+
+
+def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: AttnMetadata, layer: int,
+                     fused: bool = True) -> torch.Tensor:
+    """q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq*D]: each sequence writes its new K/V into its cache and each run of
+    its rows attends over its own keys only (a row never depends on its neighbours). The compiled version runs
+    the same ATen attention kernel with the same arguments, looping in C++."""
+    if fused and fused_available(q):
+        lists = attn.per_seq_lists
+        return _ops().ragged_attention(q, k, v, lists[0], lists[1], layer, *lists[2:])
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    out = q.new_empty(q.shape[0], num_heads * head_dim)
+    for s in attn.seqs:
+        rows = slice(s.query_start, s.query_start + s.num_tokens)
+        k_cache, v_cache = s.kv.layer(layer)                                     # [Hkv, capacity, D]
+        k_cache[:, s.start: s.start + s.num_tokens] = k[rows].transpose(0, 1)
+        v_cache[:, s.start: s.start + s.num_tokens] = v[rows].transpose(0, 1)
+        for run in s.runs:
+            r0 = s.query_start + run.first
+            q_s = q[r0: r0 + run.num_rows].transpose(0, 1)                       # [Hq, T, D]
+            if run.mask is not None and run.mask.shape[0] > run.num_rows:   # padded queries: see causal_metadata
+                q_s = torch.cat([q_s, q_s.new_zeros(num_heads, run.mask.shape[0] - run.num_rows, head_dim)], 1)
+            o = F.scaled_dot_product_attention(q_s[None], k_cache[None, :, : run.key_len],
+                                               v_cache[None, :, : run.key_len], attn_mask=run.mask, enable_gqa=True)
+            out[r0: r0 + run.num_rows] = o[0, :, : run.num_rows].transpose(0, 1).reshape(run.num_rows, -1)
+    return out

@@ -1,0 +1,187 @@
+"""The compiled decoder-layer steps (csrc/ops.cpp, csrc/attention.cpp) against the eager code they replace:
+rotary embedding and ragged attention bit-identical, the norm within an ulp and exact in its residual add,
+every row independent of the rows beside it, and clear errors on bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.models import cpu_ops
+from specdec.models.attn_metadata import causal_metadata
+from specdec.models.kv_cache import SeqKV
+from specdec.models.qwen2 import rope_tables
+from specdec.models.config import ModelConfig
+
+ext = pytest.importorskip("specdec._C", reason="specdec._C not built (needs a C++ compiler at install)")
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _rand(*shape, dtype, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+def test_fused_ops_are_used_on_cpu():
+    assert cpu_ops.fused_available(torch.zeros(1, dtype=torch.bfloat16))
+    assert not cpu_ops.fused_available(torch.zeros(1, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_matches_eager(dtype):
+    x, res, w = _rand(37, 896, dtype=dtype), _rand(37, 896, dtype=dtype, seed=1, scale=4), _rand(896, dtype=dtype, seed=2)
+    res_fused, res_eager = res.clone(), res.clone()
+    out_f, r_f = cpu_ops.rms_norm(x, w, 1e-6, res_fused)
+    out_e, r_e = cpu_ops.rms_norm(x, w, 1e-6, res_eager, fused=False)
+    assert r_f is res_fused and torch.equal(res_fused, res_eager)      # residual += x, exact and in place
+    assert torch.equal(res_fused, (res.float() + x.float()).to(dtype))
+    diff = (out_f.float() - out_e.float()).abs()
+    # the sum of squares is accumulated in another order: at most one rounding step of the output apart
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -7
+    assert (diff <= tol * out_e.float().abs().clamp_min(1e-3)).all(), diff.max()
+    if dtype == torch.bfloat16:
+        assert (out_f == out_e).float().mean() > 0.99
+    # without a residual: normalises x itself and hands x back as the residual
+    out, r = cpu_ops.rms_norm(x, w, 1e-6)
+    assert r is x and torch.allclose(out.float(), cpu_ops.rms_norm(x, w, 1e-6, fused=False)[0].float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_rows_are_batch_invariant(dtype):
+    x, w = _rand(50, 256, dtype=dtype, seed=3), _rand(256, dtype=dtype, seed=4)
+    whole = cpu_ops.rms_norm(x, w, 1e-6)[0]
+    for n in (1, 3, 17):
+        assert torch.equal(cpu_ops.rms_norm(x[:n].clone(), w, 1e-6)[0], whole[:n])
+    assert torch.equal(cpu_ops.rms_norm(x[7:8].clone(), w, 1e-6)[0], whole[7:8])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_matches_eager_bit_for_bit(dtype):
+    cfg = ModelConfig(arch="qwen2", vocab_size=64, hidden_size=128, intermediate_size=256, num_layers=1, num_heads=4,
+                      num_kv_heads=2, head_dim=32, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=4096,
+                      attention_bias=True, tie_word_embeddings=True)
+    cos, sin = rope_tables(cfg, 4096)
+    qkv = _rand(11, (4 + 2 * 2) * 32, dtype=dtype, seed=5)
+    positions = torch.tensor([0, 1, 2, 3, 900, 901, 4095, 17, 5, 5, 6])
+    fused = cpu_ops.rope_qkv(qkv.clone(), positions, cos, sin, 4, 2, 32)
+    eager = cpu_ops.rope_qkv(qkv.clone(), positions, cos, sin, 4, 2, 32, fused=False)
+    for a, b in zip(fused, eager):
+        assert torch.equal(a, b)
+    assert torch.equal(fused[2].reshape(11, -1), qkv[:, 6 * 32:])            # v is left alone
+    with pytest.raises(RuntimeError, match="outside the table"):
+        cpu_ops.rope_qkv(qkv.clone(), torch.tensor([0] * 10 + [4096]), cos, sin, 4, 2, 32)
+
+
+@pytest.mark.parametrize("dtype,min_rows,key_block", [(torch.float32, 1, 1), (torch.bfloat16, 6, 64)])
+def test_ragged_attention_matches_eager(dtype, min_rows, key_block):
+    hq, hkv, d, layers = 6, 2, 64, 3
+    # (tokens already cached, new tokens) per sequence: a decode step, a verification, a prefill chunk
+    shapes = [(40, 1), (7, 5), (0, 23), (100, 1)]
+
+    def caches(seed):
+        out = []
+        for i, (cached, new) in enumerate(shapes):
+            kv = SeqKV(layers, hkv, d, dtype)
+            kv.resize(-(-(cached + new) // key_block) * key_block)
+            kv.k[:, :, :cached] = _rand(layers, hkv, cached, d, dtype=dtype, seed=seed + i)
+            kv.v[:, :, :cached] = _rand(layers, hkv, cached, d, dtype=dtype, seed=seed + 10 + i)
+            kv.length = cached
+            out.append(kv)
+        return out
+
+    n = sum(t for _, t in shapes)
+    q, k, v = (_rand(n, h, d, dtype=dtype, seed=s) for h, s in ((hq, 20), (hkv, 21), (hkv, 22)))
+    results = []
+    for fused in (True, False):
+        kvs = caches(100)
+        attn = causal_metadata([(kv, c, t) for kv, (c, t) in zip(kvs, shapes)], min_rows, key_block)
+        out = cpu_ops.ragged_attention(q, k, v, attn, 1, fused=fused)
+        results.append((out, kvs))
+    (out_f, kv_f), (out_e, kv_e) = results
+    assert out_f.shape == (n, hq * d) and torch.equal(out_f, out_e)
+    for a, b in zip(kv_f, kv_e):
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+    # the new rows landed in layer 1 only, at each sequence's positions
+    row = 0
+    for kv, (cached, t) in zip(kv_f, shapes):
+        assert torch.equal(kv.k[1, :, cached: cached + t], k[row: row + t].transpose(0, 1))
+        assert not kv.k[2, :, cached: cached + t].any()
+        row += t
+
+
+def test_ragged_attention_rows_do_not_depend_on_neighbours():
+    hq, hkv, d = 4, 2, 32
+    kv_a, kv_b = SeqKV(1, hkv, d, torch.bfloat16), SeqKV(1, hkv, d, torch.bfloat16)
+    for kv in (kv_a, kv_b):
+        kv.resize(64)
+        kv.k[:, :, :30] = _rand(1, hkv, 30, d, dtype=torch.bfloat16, seed=7)
+        kv.v[:, :, :30] = _rand(1, hkv, 30, d, dtype=torch.bfloat16, seed=8)
+    q, k, v = _rand(4, hq, d, dtype=torch.bfloat16, seed=9), _rand(4, hkv, d, dtype=torch.bfloat16, seed=10), \
+        _rand(4, hkv, d, dtype=torch.bfloat16, seed=11)
+    # the same sequence alone, and behind a 3-row neighbour
+    alone = cpu_ops.ragged_attention(q[3:], k[3:], v[3:], causal_metadata([(kv_a, 30, 1)], 6, 64), 0)
+    other = SeqKV(1, hkv, d, torch.bfloat16)
+    other.resize(64)
+    both = cpu_ops.ragged_attention(q, k, v, causal_metadata([(other, 0, 3), (kv_b, 30, 1)], 6, 64), 0)
+    assert torch.equal(alone, both[3:])
+
+
+def test_ragged_attention_refuses_a_cache_too_small():
+    kv = SeqKV(1, 2, 32, torch.float32)
+    kv.resize(4)
+    q, k = _rand(8, 4, 32, dtype=torch.float32), _rand(8, 2, 32, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="cache too small"):
+        cpu_ops.ragged_attention(q, k, k, causal_metadata([(kv, 0, 8)]), 0)
+
+
+def _decode_caches(dtype, cached, seed=30, layers=2, hkv=2, d=128, capacity=256):
+    kv = SeqKV(layers, hkv, d, dtype)
+    kv.resize(capacity)
+    kv.k[:, :, :cached] = _rand(layers, hkv, cached, d, dtype=dtype, seed=seed)
+    kv.v[:, :, :cached] = _rand(layers, hkv, cached, d, dtype=dtype, seed=seed + 1)
+    kv.length = cached
+    return kv
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [128, 16, 24])          # 24: not a multiple of 16, the scalar kernel
+def test_decode_rows_match_aten_attention(dtype, d):
+    hq, hkv = 6, 2
+    cached, t = 70, 9
+    q, k, v = (_rand(t, h, d, dtype=dtype, seed=s) for h, s in ((hq, 40), (hkv, 41), (hkv, 42)))
+    outs = []
+    for decode in (True, False):
+        kv = _decode_caches(dtype, cached, hkv=hkv, d=d)
+        attn = causal_metadata([(kv, cached, t, decode)], 6 if dtype == torch.bfloat16 else 1,
+                               64 if dtype == torch.bfloat16 else 1)
+        outs.append(cpu_ops.ragged_attention(q, k, v, attn, 1))
+    tol = dict(atol=2e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(outs[0], outs[1], **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_rows_are_the_same_alone_or_verified_together(dtype):
+    """A one-token step at position p and row p of a 9-row verification give the same bits: the row attends over
+    exactly keys 0..p in the same order (no key padding, whatever the block boundaries)."""
+    hq, hkv, d, t = 12, 2, 128, 9
+    for cached in (5, 60, 63, 120):
+        q, k, v = (_rand(t, h, d, dtype=dtype, seed=s + cached) for h, s in ((hq, 50), (hkv, 51), (hkv, 52)))
+        kv = _decode_caches(dtype, cached)
+        together = cpu_ops.ragged_attention(q, k, v, causal_metadata([(kv, cached, t, True)], 6, 64), 0)
+        kv = _decode_caches(dtype, cached)
+        for i in range(t):
+            alone = cpu_ops.ragged_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1],
+                                             causal_metadata([(kv, cached + i, 1, True)], 6, 64), 0)
+            assert torch.equal(alone, together[i:i + 1]), (cached, i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inter", [256, 40])            # 40: not a multiple of 16, the scalar kernel
+def test_silu_mul_matches_eager(dtype, inter):
+    x = _rand(7, 2 * inter, dtype=dtype, seed=60, scale=4)
+    x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])      # far tails: silu(-100) = -0, silu(100) = 100
+    fused, eager = cpu_ops.silu_mul(x), cpu_ops.silu_mul(x, fused=False)
+    assert fused.shape == (7, inter) and fused.dtype == dtype
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-2, rtol=2 ** -7)
+    torch.testing.assert_close(fused, eager, **tol)
+    assert torch.equal(cpu_ops.silu_mul(x[3:4].clone()), fused[3:4])        # rows are independent
