@@ -24,7 +24,7 @@ from .proposers import check_compatible
 from .proposers.ngram import find_ngram_continuation
 from .sampling_params import SamplingParams
 
-COST_MODEL_REVISION = 2      # part of the cost-model cache key: 2 = fused CPU norm/rotary/attention steps
+COST_MODEL_REVISION = 3      # part of the cost-model cache key: 3 = fused CPU steps, minimum of interleaved rounds
 
 Prompt = str | list[dict]   # raw text or chat messages
 

@@ -1,9 +1,8 @@
 """Measure the cost model on this machine: a target forward over n = 1..K+1 tokens, one draft step, one n-gram
-lookup — each the median of a few timed repeats after a warm-up, at a realistic context length.
+lookup — each the minimum of a few interleaved timed rounds after a warm-up, at a realistic context length.
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -11,28 +10,31 @@ import torch
 from .cost_model import CostModel
 
 
-def _forward_time(model, n: int, context: int, repeats: int) -> float:
-    """Median seconds of one forward over n new tokens after `context` cached ones."""
+def _forward_times(model, ns: list[int], context: int, repeats: int) -> dict[int, float]:
+    """Seconds of one forward over n new tokens after `context` cached ones, for each n in ns: the minimum over
+    `repeats` rounds, each round timing every n once (interleaved, so a burst of load from elsewhere on a shared
+    machine spoils one sample of many n rather than every sample of one n; the minimum is the quiet machine)."""
     from ..models.runner import Span, forward_spans
 
     device = model.embed_tokens.weight.device
     vocab = model.embed_tokens.weight.shape[0]
-    context = min(context, model.config.max_position_embeddings - n - 2)
+    context = min(context, model.config.max_position_embeddings - max(ns) - 2)
     kv = model.new_kv()
-    kv.resize(-(-(context + n + 1) // model.key_block) * model.key_block)
+    kv.resize(-(-(context + max(ns) + 1) // model.key_block) * model.key_block)
     forward_spans(model, [Span(kv, 0, [(i * 31 + 7) % vocab for i in range(context)], "none")])   # the context
-    step = [(i * 17 + 3) % vocab for i in range(n)]
-    times = []
+    best = {n: float("inf") for n in ns}
     for i in range(repeats + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        forward_spans(model, [Span(kv, context, step, "last", decode=True)])   # as the engine verifies
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i:                                     # the first is a warm-up
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for n in ns:
+            step = [(j * 17 + 3) % vocab for j in range(n)]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            forward_spans(model, [Span(kv, context, step, "last", decode=True)])   # as the engine verifies
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i:                                     # the first round is a warm-up
+                best[n] = min(best[n], time.perf_counter() - t0)
+    return best
 
 
 def large_row_points(k_max: int, max_rows: int) -> list[int]:
@@ -53,13 +55,14 @@ def measure_cost_model(target, draft=None, lookup=None, k_max: int = 8, context:
     V(n) = t(n) / t(1) for n = 1..k_max+1 and at a few row counts up to `max_rows` (a batched step);
     c = draft step / target step; lookup cost / target step.
     """
-    t = [_forward_time(target, n, context, repeats) for n in range(1, k_max + 2)]
-    verify = [x / t[0] for x in t]
-    large = [[n, _forward_time(target, n, context, max(2, repeats // 2)) / t[0]]
-             for n in large_row_points(k_max, max_rows)]
-    c = _forward_time(draft, 1, context, repeats) / t[0] if draft is not None else float("inf")
-    cost = _lookup_time(lookup, context) / t[0] if lookup is not None else 0.0
-    return CostModel(draft_step=c, verify=verify, verify_large=large, lookup=cost, target_step_s=t[0],
+    small = list(range(1, k_max + 2))
+    t = _forward_times(target, small, context, repeats)
+    verify = [t[n] / t[1] for n in small]
+    big = large_row_points(k_max, max_rows)
+    large = [[n, x / t[1]] for n, x in _forward_times(target, big, context, max(2, repeats // 2)).items()] if big else []
+    c = _forward_times(draft, [1], context, repeats)[1] / t[1] if draft is not None else float("inf")
+    cost = _lookup_time(lookup, context) / t[1] if lookup is not None else 0.0
+    return CostModel(draft_step=c, verify=verify, verify_large=large, lookup=cost, target_step_s=t[1],
                      source="measured")
 
 
