@@ -197,7 +197,7 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
             TORCH_CHECK(kcs[i].is_contiguous() && vcs[i].is_contiguous(), "ragged_attention: caches must be contiguous");
             caps[i] = kcs[i].size(1);
         }
-        auto run = [&](auto* tag, auto* bits) {
+        specdec::dispatch_float_bf16(q.scalar_type(), "ragged_attention (decode rows)", [&](auto* tag, auto* bits) {
             using T = std::remove_pointer_t<decltype(tag)>;
             using B = std::remove_pointer_t<decltype(bits)>;
             std::vector<const T*> kb(nseq), vb(nseq);
@@ -206,13 +206,7 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
                 vb[i] = vcs[i].data_ptr<T>();
             }
             decode_attention<T, B>(q, out, tasks, kb, vb, caps, hq, kcs[0].size(0), d);
-        };
-        if (q.scalar_type() == torch::kFloat)
-            run(static_cast<float*>(nullptr), static_cast<float*>(nullptr));
-        else if (q.scalar_type() == torch::kBFloat16)
-            run(static_cast<c10::BFloat16*>(nullptr), static_cast<uint16_t*>(nullptr));
-        else
-            TORCH_CHECK(false, "ragged_attention: decode rows need float32 or bfloat16, got ", q.scalar_type());
+        });
     }
     return out;
 }

@@ -149,7 +149,7 @@ torch::Tensor silu_mul(const torch::Tensor& x) {
 #else
     const bool vec = false;
 #endif
-    auto run = [&](auto* tag, auto* bits) {
+    specdec::dispatch_float_bf16(x.scalar_type(), "silu_mul", [&](auto* tag, auto* bits) {
         using T = std::remove_pointer_t<decltype(tag)>;
         using B = std::remove_pointer_t<decltype(bits)>;
         const T* xp = x.data_ptr<T>();
@@ -164,13 +164,7 @@ torch::Tensor silu_mul(const torch::Tensor& x) {
 #endif
             silu_mul_scalar<T>(xp + r0 * 2 * inter, op + r0 * inter, r1 - r0, inter);
         });
-    };
-    if (x.scalar_type() == torch::kFloat)
-        run(static_cast<float*>(nullptr), static_cast<float*>(nullptr));
-    else if (x.scalar_type() == torch::kBFloat16)
-        run(static_cast<c10::BFloat16*>(nullptr), static_cast<uint16_t*>(nullptr));
-    else
-        TORCH_CHECK(false, "silu_mul: float32 or bfloat16, got ", x.scalar_type());
+    });
     return out;
 }
 

@@ -3,6 +3,19 @@
 #include <torch/extension.h>
 
 namespace specdec {
+
+// Calls fn(T*, B*) with null pointers whose types name the element type: T is the tensor's C++ type (float or
+// c10::BFloat16), B its bits as the vector kernels read them (float or uint16_t). Any other dtype is an error.
+template <typename F>
+void dispatch_float_bf16(at::ScalarType dtype, const char* what, F&& fn) {
+    if (dtype == at::kFloat)
+        fn(static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+    else if (dtype == at::kBFloat16)
+        fn(static_cast<c10::BFloat16*>(nullptr), static_cast<uint16_t*>(nullptr));
+    else
+        TORCH_CHECK(false, what, ": float32 or bfloat16, got ", dtype);
+}
+
 void register_ops(pybind11::module_& m);
 void register_attention(pybind11::module_& m);   // attention.cpp
 }
