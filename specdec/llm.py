@@ -24,7 +24,7 @@ from .proposers import check_compatible
 from .proposers.ngram import find_ngram_continuation
 from .sampling_params import SamplingParams
 
-COST_MODEL_REVISION = 3      # part of the cost-model cache key: 3 = fused CPU steps, minimum of interleaved rounds
+COST_MODEL_REVISION = 4      # part of the cost-model cache key: 4 = a draft's int4 is 4-bit throughout
 
 Prompt = str | list[dict]   # raw text or chat messages
 
@@ -49,8 +49,10 @@ class LLM:
         self.draft: LoadedModel | None = None
         if self.speculative.method in ("draft", "auto") and draft != "none":
             draft = draft or self.speculative.model or DEFAULT_DRAFT
+            # a draft's int4 is 4-bit throughout (its Q6_K/Q8_0 blocks re-quantized): its tokens are verified, so
+            # only its step cost matters (measured on the 0.5B: 796 -> 559 MB, 23.7 -> 16.0 ms a step)
             self.draft = load_model(draft, dtype=dtype, device=device, progress=progress,
-                                    quantization=self.speculative.quantization)
+                                    quantization=self.speculative.quantization, int4_exact=False)
             check_compatible(self.tokenizer, self.draft.tokenizer, self.target.config.vocab_size,
                              self.draft.config.vocab_size)
         self.scheduler_config = scheduler or SchedulerConfig()

@@ -132,6 +132,55 @@ def _random_blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     return np.concatenate(blocks, axis=1).reshape(n, -1)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
+def test_draft_int4_is_four_bit_throughout(qtype, monkeypatch):
+    """A target's int4 keeps 6/8-bit blocks exact; a draft's (int4_exact=False) re-quantizes them to 4 bits, and
+    LLM loads its draft that way."""
+    gguf = pytest.importorskip("gguf")
+    from specdec.models.quantization.gguf_blocks import codes_for_int4
+
+    n, k = 32, 512
+    raw = _random_blocks(qtype, n, k)
+    tensor = SimpleNamespace(name=f"test.{qtype}", tensor_type=gguf.GGMLQuantizationType[qtype],
+                             shape=np.array([k, n]), data=raw)
+    exact, four = codes_for_int4(tensor), codes_for_int4(tensor, exact=False)
+    assert four.bits == 4 and exact.bits == (4 if qtype == "Q4_K" else {"Q6_K": 6}.get(qtype, 8))
+    ref = torch.from_numpy(gguf.quants.dequantize(raw, tensor.tensor_type).reshape(n, k).astype(np.float32))
+    if qtype == "Q4_K":
+        assert torch.equal(dequantize(four), ref)       # already 4-bit: kept as it is
+    else:                                               # rounded, but close: 4 bits of each group's range
+        err = (dequantize(four) - ref).abs().max()
+        assert 0 < err <= (ref.max() - ref.min()) / 15
+
+
+def test_llm_loads_its_draft_four_bit(monkeypatch):
+    import specdec.llm as llm_mod
+
+    calls = []
+
+    def fake_load(spec, **kw):
+        calls.append((spec, kw))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(llm_mod, "load_model", fake_load)
+    with pytest.raises(RuntimeError, match="stop here"):
+        llm_mod.LLM(target="t", draft="d", quantization="int4")
+    assert calls[0][1].get("int4_exact", True) is True                # the target: exact blocks
+    calls.clear()
+
+    def fake_load_target_ok(spec, **kw):
+        calls.append((spec, kw))
+        if spec == "t":
+            return SimpleNamespace(tokenizer=None, config=None)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(llm_mod, "load_model", fake_load_target_ok)
+    with pytest.raises(RuntimeError, match="stop here"):
+        llm_mod.LLM(target="t", draft="d", quantization="int4",
+                    speculative=llm_mod.SpeculativeConfig(method="draft", quantization="int4"))
+    assert calls[1][0] == "d" and calls[1][1]["int4_exact"] is False
+
+
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
 def test_gguf_blocks_map_without_loss(qtype):
     gguf = pytest.importorskip("gguf")

@@ -138,7 +138,7 @@ def _fuse(hf: dict, cfg: ModelConfig, dtype: torch.dtype) -> dict:
     return out
 
 
-def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = False):
+def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = False, int4_exact: bool = True):
     from tqdm import tqdm
 
     from .gguf_weights import dequantize_hf, gguf_config, iter_hf_tensors, open_gguf
@@ -153,7 +153,8 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = F
         if int4 and (name.endswith("proj.weight") or name == "lm_head.weight"):
             if cfg.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                 raise SpecDecError("int4 from GGUF blocks: llama-arch Q/K rows are permuted; not supported yet")
-            return name, codes_for_int4(tensor)   # the GGUF's blocks, kept without loss where the type allows
+            # the GGUF's blocks, kept without loss where the type allows (int4_exact), else 4-bit everywhere
+            return name, codes_for_int4(tensor, exact=int4_exact)
         # dequantize to fp32, then straight to the runtime dtype to halve peak memory in bf16
         arr = np.ascontiguousarray(dequantize_hf(name, tensor, cfg))
         return name, torch.from_numpy(arr if arr.flags.writeable else arr.copy())
@@ -191,13 +192,15 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | torch.device | None = None,
                progress: bool = True, pack: bool = True, quantization: str | None = None,
-               quantize: str | None = None) -> LoadedModel:
+               quantize: str | None = None, int4_exact: bool = True) -> LoadedModel:
     """Load a model argument for inference; converts and caches on first use.
 
     quantization (vLLM's name; `quantize` is the older alias): "none" (default: oneDNN-packed linears
     on CPU unless pack=False), "int8" (weight-only per-channel, e.g. for a draft whose steps are one
     token) or "int4" (group-32 blocks on specdec's own CPU kernel; from a GGUF, its Q4_K / Q6_K / Q8_0 /
     Q5_0 blocks are kept without loss). int4 has its own conversion-cache entry (`<dtype>-int4-v<N>`).
+    int4_exact=False (drafts) re-quantizes the 6- and 8-bit blocks to 4 bits too (lossy, ~30% fewer bytes to read;
+    cache entry `<dtype>-int4-v<N>-4bit`): a draft's tokens are verified, so only its speed matters.
     """
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
@@ -219,12 +222,12 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
     if scheme == "int4":   # its own entry, named with the packed layout's version
         from .quantization.blocks import FORMAT_VERSION
 
-        entry = entry.with_name(f"{entry.name}-int4-v{FORMAT_VERSION}")
+        entry = entry.with_name(f"{entry.name}-int4-v{FORMAT_VERSION}" + ("" if int4_exact else "-4bit"))
     converted = False
     if not (entry / "model.safetensors").is_file():
         converted = True
         if source.is_file():
-            cfg, state, tok = _convert_gguf(source, dtype, progress, int4=scheme == "int4")
+            cfg, state, tok = _convert_gguf(source, dtype, progress, int4=scheme == "int4", int4_exact=int4_exact)
         else:
             cfg, state, tok = _convert_hf_dir(source, dtype)
         meta = None
