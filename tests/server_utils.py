@@ -1,7 +1,9 @@
-"""Start a specdec server in-process (a thread running uvicorn) on a free loopback port."""
+"""Start a specdec server on a free loopback port: in-process (a thread running uvicorn), or as a child process."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -42,3 +44,30 @@ def running_server(llm, spec, max_queued: int = 16, api_key: str | None = None, 
         server.should_exit = True
         thread.join(timeout=30)
         llm.engine.sched_cfg.max_num_seqs = old_max
+
+
+@contextmanager
+def server_process(args: list[str], log_path):
+    """`specdec serve ARGS --port P` in a child process, its output in log_path; yields (proc, url) once /health
+    answers 200 (the child dying or 120 s passing fails the test with the log). A child still running is killed."""
+    import httpx
+
+    port = free_port()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", *args, "--port", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + 120
+            while True:
+                try:
+                    if httpx.get(url + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None and time.time() < deadline, open(log_path).read()
+                time.sleep(0.2)
+            yield proc, url
+        finally:
+            if proc.poll() is None:
+                proc.kill()

@@ -358,28 +358,12 @@ def test_schemathesis_no_server_errors(server):
 
 def test_sigterm_drains_in_flight_and_exits_0(tiny_dirs, tmp_path):
     import signal
-    import subprocess
-    import sys
 
-    from server_utils import free_port
+    from server_utils import server_process
 
-    port = free_port()
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--target", str(tiny_dirs["target"]),
-                             "--dtype", "float32", "--draft", str(tiny_dirs["draft"]), "--port", str(port),
-                             "--drain-timeout", "20", "--served-model-name", "tiny"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, (tmp_path / "server.log").read_text()
-            time.sleep(0.2)
+    args = ["--target", str(tiny_dirs["target"]), "--dtype", "float32", "--draft", str(tiny_dirs["draft"]),
+            "--drain-timeout", "20", "--served-model-name", "tiny"]
+    with server_process(args, tmp_path / "server.log") as (proc, url):
         # the default speculative config is method auto
         assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "tiny"
         assert httpx.get(url + "/v1/speculative/status").json()["default"]["method"] == "auto"
@@ -395,10 +379,6 @@ def test_sigterm_drains_in_flight_and_exits_0(tiny_dirs, tmp_path):
         final = json.loads(lines[-2][len("data: "):])
         assert final["choices"][0]["finish_reason"] == "length"   # the in-flight request was finished, not cut
         assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
     out = (tmp_path / "server.log").read_text()
     assert "specdec is ready" in out and "curl http://127.0.0.1" in out
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from conftest import make_tiny_model
-from server_utils import free_port, running_server
+from server_utils import running_server, server_process
 from specdec import LLM, SpeculativeConfig
 
 HEALTH_BOUND_S = 0.5
@@ -186,24 +186,10 @@ def long_context_model(tmp_path_factory):
 
 
 def test_sigterm_cuts_a_long_stream_with_an_error_event_then_done(long_context_model, tmp_path):
-    port = free_port()
     log_path = tmp_path / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--target", str(long_context_model),
-                                 "--dtype", "float32", "--port", str(port), "--drain-timeout", "0.5",
-                                 "--speculative-config", '{"method": "none"}', "--served-model-name", "tiny"],
-                                stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, log_path.read_text()
-            time.sleep(0.2)
+    args = ["--target", str(long_context_model), "--dtype", "float32", "--drain-timeout", "0.5",
+            "--speculative-config", '{"method": "none"}', "--served-model-name", "tiny"]
+    with server_process(args, log_path) as (proc, url):
         body = {"messages": MSG, "max_tokens": 8000, "ignore_eos": True, "temperature": 0, "stream": True}
         lines, other = [], {}
         second = threading.Thread(target=lambda: other.setdefault("r", httpx.post(
@@ -219,9 +205,6 @@ def test_sigterm_cuts_a_long_stream_with_an_error_event_then_done(long_context_m
                     proc.send_signal(signal.SIGTERM)
         second.join()
         assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert lines[-1] == "data: [DONE]"
     event = json.loads(lines[-2][len("data: "):])
     assert event["error"]["code"] == "server_shutting_down" and "drain" in event["error"]["message"]
