@@ -9,6 +9,14 @@ import time
 from contextlib import contextmanager
 
 
+def draft_llm(tiny_dirs, k: int = 3):
+    """The tiny fp32 target with its draft, method draft at k: the LLM the server tests serve."""
+    from specdec import LLM, SpeculativeConfig
+
+    return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
+               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=k), progress=False)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

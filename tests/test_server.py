@@ -8,24 +8,22 @@ import time
 import httpx
 import pytest
 
-from server_utils import running_server
-from specdec import LLM, SpeculativeConfig
+from server_utils import draft_llm, running_server
+from specdec import SpeculativeConfig
 
 CJK = "你好，世界！ 缓存 🙂 The quick brown fox"
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_dirs):
-    return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
-               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3), progress=False)
+    return draft_llm(tiny_dirs)
 
 
 @pytest.fixture(scope="module")
 def solo_llm(tiny_dirs):
     """For the servers a test starts itself: an engine serves one server only, and the module's server (on `llm`)
     stays up meanwhile."""
-    return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
-               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3), progress=False)
+    return draft_llm(tiny_dirs)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from conftest import make_tiny_model
-from server_utils import running_server, server_process
-from specdec import LLM, SpeculativeConfig
+from server_utils import draft_llm, running_server, server_process
+from specdec import SpeculativeConfig
 
 HEALTH_BOUND_S = 0.5
 MSG = [{"role": "user", "content": "hi"}]
@@ -25,15 +25,13 @@ BIG_CHAT = {"messages": [{"role": "user", "content": "word " * 1048576}], "max_t
 
 @pytest.fixture(scope="module")
 def llm(tiny_dirs):
-    return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
-               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3), progress=False)
+    return draft_llm(tiny_dirs)
 
 
 @pytest.fixture(scope="module")
 def solo_llm(tiny_dirs):
     """For a server a test starts itself while the module's server (on `llm`) stays up: one engine per server."""
-    return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
-               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3), progress=False)
+    return draft_llm(tiny_dirs)
 
 
 @pytest.fixture(scope="module")
