@@ -1,9 +1,10 @@
 """`specdec bench offline`: an A/B evaluation of speculative decoding on real prompts.
 
 Loads the models once, warms every engine up, then runs the cross product (prompt x repeat x temperature x
-(method, k)) with the same prompts and seeds for every method; peers (transformers, llama.cpp) run after
-ours on the same prompt tokens. Writes `results.json`, `report.md` and PNG plots to the output directory,
-each atomically (an interrupted run leaves no half-written file).
+(method, k)) with the same prompts and seeds for every method; peers (transformers, llama.cpp) run on the same
+prompt tokens right after ours on each prompt, so that a slow minute of a noisy machine falls on both sides.
+Writes `results.json`, `report.md` and PNG plots to the output directory, each atomically (an interrupted run
+leaves no half-written file).
 """
 from __future__ import annotations
 
@@ -109,7 +110,6 @@ def machine_info(threads: int) -> dict:
 
 def run_offline(cfg: OfflineBenchConfig) -> dict:
     import torch
-    from tqdm import tqdm
 
     from ..llm import LLM
     from ..models.registry import DEFAULT_TARGET
@@ -152,9 +152,69 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
         for sub in (("none", *llm.policy().available) if m == "auto" else (m,)):
             llm.generate(prompt_ids[0], warm, spec=SpeculativeConfig(method=sub))
 
-    total = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(specs)
+    peers, peer_info = _load_peers(cfg, llm, prompt_ids)
     runs: list[dict] = []
-    bar = tqdm(total=total, desc="bench offline", unit="run", disable=not cfg.progress)
+    try:
+        _run_all(cfg, llm, prompts, prompt_ids, specs, peers, runs, draft_kv_per_token)
+    finally:
+        for peer in peers.values():
+            peer.close()
+    _add_parity(llm, prompt_ids, runs)
+    memory = {"target_weight_bytes": llm.target.weight_bytes,
+              # bytes a target forward streams: every weight but the embedding table (only rows are gathered)
+              "target_read_gb_per_forward": (llm.target.weight_bytes - llm.target.model.embed_tokens.weight.nbytes) / 1e9,
+              "draft_weight_bytes": llm.draft.weight_bytes if llm.draft is not None else 0,
+              "draft_kv_bytes_per_token": draft_kv_per_token, "peak_rss_mb": peak_rss_mb()}
+    config = {**asdict(cfg), **({"policy": llm.policy().status()} if "auto" in cfg.methods else {}),
+              "methods": list(dict.fromkeys(m for m, _ in cfg.configs())),
+              "target": llm.target.name, "draft": llm.draft.name if llm.draft else None,
+              "target_source": str(llm.target.source), "draft_source": str(llm.draft.source) if llm.draft else None,
+              "num_prompts": len(prompts), "load_s": load_s, "memory": memory, "peers": peer_info}
+    result = {"config": config, "machine": machine_info(torch.get_num_threads()), "runs": runs,
+              "summary": summarize(runs)}
+    write_outputs(result, out)
+    return result
+
+
+def _load_peers(cfg: OfflineBenchConfig, llm, prompt_ids) -> tuple[dict, dict]:
+    """Each peer loaded and warmed up (untimed) before any timed run: {name: peer}, {name: load info}."""
+    from .peers import HFPeer, LlamaCppPeer, PeerRequest
+
+    peers, info = {}, {}
+    try:
+        for name in cfg.peers:
+            t0 = time.perf_counter()
+            if name == "hf":
+                peer = HFPeer(llm.target.source, llm.draft.source if llm.draft else None, cfg.dtype,
+                              llm.tokenizer.eos_token_ids, DEFAULT_K["ngram"])
+            else:
+                n_ctx = min(llm.target.config.max_position_embeddings, max(map(len, prompt_ids)) + cfg.max_tokens + 64)
+                peer = LlamaCppPeer(llm.target.source, n_ctx, cfg.threads or os.cpu_count() or 1, DEFAULT_K["ngram"],
+                                    llm.tokenizer.eos_token_ids)
+            peers[name] = peer
+            info[name] = {"methods": peer.methods, "load_s": time.perf_counter() - t0}
+            for m in peer.methods:      # warm-up, not timed
+                try:
+                    peer.run(m, PeerRequest(prompt_ids[0], 4, 0.0, cfg.seed))
+                except Exception as exc:  # noqa: BLE001
+                    info[name].setdefault("warmup_errors", {})[m] = str(exc)
+    except BaseException:
+        for peer in peers.values():
+            peer.close()
+        raise
+    return peers, info
+
+
+def _run_all(cfg: OfflineBenchConfig, llm, prompts, prompt_ids, specs: dict, peers: dict, runs: list[dict],
+             draft_kv_per_token: int) -> None:
+    """The timed runs: per prompt, repeat and temperature, every (method, k) of ours, then every peer method."""
+    from tqdm import tqdm
+
+    from .peers import PeerRequest
+
+    per_prompt = len(specs) + sum(len(p.methods) for p in peers.values())
+    bar = tqdm(total=len(prompts) * cfg.repeats * len(cfg.temperatures) * per_prompt, desc="bench offline",
+               unit="run", disable=not cfg.progress)
     for i, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
         for rep in range(cfg.repeats):
             seed = cfg.seed + 1000 * i + rep
@@ -178,69 +238,20 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
                         run["error"] = f"{type(exc).__name__}: {exc}"
                     runs.append(run)
                     bar.update(1)
+                for peer in peers.values():
+                    for m in peer.methods:
+                        run = {"method": m, "k": 0, "temperature": temp, "repeat": rep, "prompt_index": i,
+                               "category": prompt["category"], "seed": seed, "prompt_tokens": len(ids)}
+                        try:
+                            r = peer.run(m, PeerRequest(ids, cfg.max_tokens, temp, seed))
+                            run.update({f: v for f, v in r.items() if f in RUN_FIELDS and f not in run})
+                            run["k"] = r["num_speculative_tokens"]
+                            run["token_ids"] = r["token_ids"]
+                        except Exception as exc:  # noqa: BLE001 - a peer failing on a prompt is recorded
+                            run["error"] = f"{type(exc).__name__}: {exc}"
+                        runs.append(run)
+                        bar.update(1)
     bar.close()
-    peer_info = _run_peers(cfg, llm, prompts, prompt_ids, runs)
-    _add_parity(llm, prompt_ids, runs)
-    memory = {"target_weight_bytes": llm.target.weight_bytes,
-              # bytes a target forward streams: every weight but the embedding table (only rows are gathered)
-              "target_read_gb_per_forward": (llm.target.weight_bytes - llm.target.model.embed_tokens.weight.nbytes) / 1e9,
-              "draft_weight_bytes": llm.draft.weight_bytes if llm.draft is not None else 0,
-              "draft_kv_bytes_per_token": draft_kv_per_token, "peak_rss_mb": peak_rss_mb()}
-    config = {**asdict(cfg), **({"policy": llm.policy().status()} if "auto" in cfg.methods else {}),
-              "methods": list(dict.fromkeys(m for m, _ in cfg.configs())),
-              "target": llm.target.name, "draft": llm.draft.name if llm.draft else None,
-              "target_source": str(llm.target.source), "draft_source": str(llm.draft.source) if llm.draft else None,
-              "num_prompts": len(prompts), "load_s": load_s, "memory": memory, "peers": peer_info}
-    result = {"config": config, "machine": machine_info(torch.get_num_threads()), "runs": runs,
-              "summary": summarize(runs)}
-    write_outputs(result, out)
-    return result
-
-
-def _run_peers(cfg: OfflineBenchConfig, llm, prompts, prompt_ids, runs: list[dict]) -> dict:
-    from tqdm import tqdm
-
-    from .peers import HFPeer, LlamaCppPeer, PeerRequest
-
-    info = {}
-    for name in cfg.peers:
-        t0 = time.perf_counter()
-        if name == "hf":
-            peer = HFPeer(llm.target.source, llm.draft.source if llm.draft else None, cfg.dtype,
-                          llm.tokenizer.eos_token_ids, DEFAULT_K["ngram"])
-        else:
-            n_ctx = min(llm.target.config.max_position_embeddings, max(map(len, prompt_ids)) + cfg.max_tokens + 64)
-            peer = LlamaCppPeer(llm.target.source, n_ctx, cfg.threads or os.cpu_count() or 1, DEFAULT_K["ngram"],
-                                llm.tokenizer.eos_token_ids)
-        info[name] = {"methods": peer.methods, "load_s": time.perf_counter() - t0}
-        try:
-            for m in peer.methods:      # warm-up, not timed
-                try:
-                    peer.run(m, PeerRequest(prompt_ids[0], 4, 0.0, cfg.seed))
-                except Exception as exc:  # noqa: BLE001
-                    info[name].setdefault("warmup_errors", {})[m] = str(exc)
-            total = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(peer.methods)
-            bar = tqdm(total=total, desc=f"peer {name}", unit="run", disable=not cfg.progress)
-            for i, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
-                for rep in range(cfg.repeats):
-                    seed = cfg.seed + 1000 * i + rep
-                    for temp in cfg.temperatures:
-                        for m in peer.methods:
-                            run = {"method": m, "k": 0, "temperature": temp, "repeat": rep, "prompt_index": i,
-                                   "category": prompt["category"], "seed": seed, "prompt_tokens": len(ids)}
-                            try:
-                                r = peer.run(m, PeerRequest(ids, cfg.max_tokens, temp, seed))
-                                run.update({f: v for f, v in r.items() if f in RUN_FIELDS and f not in run})
-                                run["k"] = r["num_speculative_tokens"]
-                                run["token_ids"] = r["token_ids"]
-                            except Exception as exc:  # noqa: BLE001 - a peer failing on a prompt is recorded
-                                run["error"] = f"{type(exc).__name__}: {exc}"
-                            runs.append(run)
-                            bar.update(1)
-            bar.close()
-        finally:
-            peer.close()
-    return info
 
 
 def _add_parity(llm, prompt_ids: list[list[int]], runs: list[dict]) -> None:
