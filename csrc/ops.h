@@ -18,4 +18,5 @@ void dispatch_float_bf16(at::ScalarType dtype, const char* what, F&& fn) {
 
 void register_ops(pybind11::module_& m);
 void register_attention(pybind11::module_& m);   // attention.cpp
+void register_bf16_linear(pybind11::module_& m);   // bf16_linear.cpp
 }

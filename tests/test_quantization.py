@@ -179,6 +179,23 @@ def test_llm_loads_its_draft_four_bit(monkeypatch):
         llm_mod.LLM(target="t", draft="d", quantization="int4",
                     speculative=llm_mod.SpeculativeConfig(method="draft", quantization="int4"))
     assert calls[1][0] == "d" and calls[1][1]["int4_exact"] is False
+    # by default a bf16 CPU target's draft is int4 (4-bit throughout); --draft-quantization none keeps it bf16
+    calls.clear()
+
+    def fake_load_bf16_target(spec, **kw):
+        calls.append((spec, kw))
+        if spec == "t":
+            weight = torch.zeros(1, dtype=torch.bfloat16)
+            model = SimpleNamespace(embed_tokens=SimpleNamespace(weight=weight))
+            return SimpleNamespace(tokenizer=None, config=None, model=model)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(llm_mod, "load_model", fake_load_bf16_target)
+    for requested, loaded in ((None, "int4"), ("none", "none"), ("int8", "int8")):
+        calls.clear()
+        with pytest.raises(RuntimeError, match="stop here"):
+            llm_mod.LLM(target="t", draft="d", speculative=llm_mod.SpeculativeConfig(method="draft", quantization=requested))
+        assert calls[1][1]["quantization"] == loaded, requested
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])

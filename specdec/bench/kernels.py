@@ -6,7 +6,8 @@ M = k + 1). Weights are random (kernel time does not depend on values); one meth
 timed and freed before the next, so peak memory is one stack. V(M) = t(M) / t(1) is the cost of an
 M-row forward in one-row forwards: what speculation must beat.
 
-Methods: bf16 (oneDNN packed, today's default), aten-int4 (`_weight_int4pack_mm_for_cpu`, group 32),
+Methods: bf16 (oneDNN packed, rows padded to 6), bf16-ours (specdec._C's AVX-512 BF16 kernel, the default for bf16
+where the CPU has it), aten-int4 (`_weight_int4pack_mm_for_cpu`, group 32),
 aten-int8 (`_weight_int8pack_mm`, per channel), ours (specdec._C, 4-bit group 32 as built from Q4_K),
 ours-q6 (the same kernel on 6-bit codes in 16-k groups: how the GGUF's Q6_K tensors are held exactly).
 """
@@ -31,6 +32,12 @@ def _bf16(n, k):
     from ..models.packed_linear import PackedLinear
 
     return PackedLinear(torch.randn(n, k, dtype=torch.bfloat16) * 0.02, None)
+
+
+def _bf16_ours(n, k):
+    from ..models.packed_linear import Bf16Linear
+
+    return Bf16Linear(torch.randn(n, k, dtype=torch.bfloat16) * 0.02, None)
 
 
 def _aten_int4(n, k, group=32):
@@ -61,6 +68,7 @@ def _ours(n, k, bits=4, group=32, sb=8):
 
 METHODS = {
     "bf16": _bf16,
+    "bf16-ours": _bf16_ours,
     "aten-int4": _aten_int4,
     "aten-int8": _aten_int8,
     "ours": _ours,

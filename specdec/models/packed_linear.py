@@ -1,4 +1,11 @@
-"""Linear layers with weights pre-packed for oneDNN on CPU.
+"""Linear layers with weights pre-packed at load time for CPU.
+
+bf16 on a CPU with AVX-512 BF16: `Bf16Linear`, specdec._C's own kernel (csrc/bf16_linear.cpp). It reads the
+weights once per call for any row count up to 6 and from L2 beyond, and computes every row alone in a fixed
+order, so a row's result never depends on the batch (no padding needed). Measured on the 1.5B's linears
+(`python -m specdec.bench.kernels --bf16`): see docs/benchmarks/README.md.
+
+Otherwise (fp32, or a CPU without AVX-512 BF16): `PackedLinear`, oneDNN's packed matmul, below.
 
 A plain `F.linear` on CPU re-lays-out the weight for oneDNN on every call, which roughly halves the
 bandwidth a decode step gets from memory. Packing once at load time (what inductor's weight freezing
@@ -11,6 +18,8 @@ results per row. Padding therefore makes a one-token step faster *and* computes 
 (k+1)-token verification forward does.
 """
 from __future__ import annotations
+
+import importlib
 
 import torch
 from torch import nn
@@ -47,3 +56,52 @@ class PackedLinear(nn.Module):
         out = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [None], "")
         return out[:rows].view(*x.shape[:-1], self.out_features)
 
+
+
+def _bf16_ext():
+    try:
+        ext = importlib.import_module("specdec._C")
+    except ImportError:
+        return None
+    return ext if getattr(ext, "has_avx512_bf16", lambda: False)() else None
+
+
+def bf16_kernel_available(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and _bf16_ext() is not None
+
+
+def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] bf16 -> [ceil(N/32), K/2, 32, 2]: per 32 output columns and pair of k, 128 contiguous bytes (the
+    operands of two vdpbf16ps); N zero-padded to a multiple of 32."""
+    n, k = weight.shape
+    if k % 2:
+        raise ValueError(f"the bf16 kernel needs an even in_features, got {k}")
+    nb = -(-n // 32)
+    w = weight.detach().contiguous()
+    if nb * 32 != n:
+        w = torch.cat([w, w.new_zeros(nb * 32 - n, k)])
+    return w.view(nb, 32, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+class Bf16Linear(nn.Module):
+    """A bf16 linear on specdec._C's AVX-512 BF16 kernel: every row alone, in a fixed order (batch invariant)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed = pack_bf16(weight)
+        self.bias = None if bias is None else bias.detach().clone()
+        self.nbytes = self.packed.nbytes + (0 if bias is None else self.bias.nbytes)
+        self._ext = _bf16_ext()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in_features] bf16
+        out = self._ext.linear_bf16(x.reshape(-1, self.in_features), self.packed, self.bias, self.out_features)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+    """The fastest batch-invariant CPU linear for this weight: our bf16 kernel, else oneDNN packed."""
+    if bf16_kernel_available(weight):
+        return Bf16Linear(weight, bias)
+    return PackedLinear(weight, bias)

@@ -5,7 +5,7 @@ swaps every linear (qkv, o, gate_up, down and the output head) for the scheme's 
 
 | scheme | method | weights per token (1.5B target) |
 |---|---|---|
-| none | oneDNN-packed bf16 (fp32 unpacked-fast), rows padded for batch invariance (packed_linear.py) | 3.09 GB |
+| none | bf16: specdec._C's AVX-512 BF16 kernel (else oneDNN-packed, rows padded); fp32: oneDNN (packed_linear.py) | 3.09 GB |
 | int8 | `aten._weight_int8pack_mm`, per-channel symmetric scales (quant.py) | ~1.55 GB |
 | int4 | specdec._C block kernel: 4-bit codes in 32-k groups with scale and offset (blocks.py) | ~1.0 GB |
 
@@ -71,12 +71,12 @@ def quantize_model(model: nn.Module, scheme: str | None, packed: dict | None = N
     scheme = resolve_scheme(scheme)
     device = model.embed_tokens.weight.device
     if scheme == "none":
-        from ..packed_linear import PackedLinear, can_pack
+        from ..packed_linear import can_pack, pack_linear
 
         if not can_pack(model.embed_tokens.weight):
             return 0   # nothing to pack off CPU
         _untie_head(model)
-        n = _replace(model, lambda name, m: PackedLinear(m.weight.data, None if m.bias is None else m.bias.data))
+        n = _replace(model, lambda name, m: pack_linear(m.weight.data, None if m.bias is None else m.bias.data))
         _batch_invariant_attention(model)
         return n
     if device.type != "cpu":
