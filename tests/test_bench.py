@@ -13,3 +13,21 @@ def test_bench_decode_is_folded_into_offline(capsys):
 def test_bench_rejects_unknown_method(capsys):
     rc = main(["bench", "offline", "--methods", "none,medusa"])
     assert rc != 0 and "unknown method 'medusa'" in capsys.readouterr().err
+
+
+def test_bench_step_splits_a_decode_step_into_its_parts(tiny_dirs):
+    from specdec import LLM, SpeculativeConfig
+    from specdec.bench.step import measure
+    from specdec.models import cpu_ops
+
+    llm = LLM(target=str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False,
+              speculative=SpeculativeConfig(method="none"))
+    before = cpu_ops.ragged_attention
+    r = measure(llm, 3, 4)
+    parts = r["parts_ms"]
+    assert r["seqs"] == 3 and r["step_ms"] >= r["min_ms"] > 0
+    assert {"layer linears", "output head", "attention", "norms, rotary, SiLU", "rest"} <= set(parts)
+    assert all(v > 0 for k, v in parts.items() if k != "rest")
+    # the wrappers are gone afterwards, and the engine holds nothing of the measurement
+    assert cpu_ops.ragged_attention is before and "forward" not in llm.target.model.lm_head.__dict__
+    assert not llm.engine.has_unfinished()
