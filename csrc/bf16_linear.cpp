@@ -30,9 +30,12 @@
 
 namespace {
 
-bool cpu_has_avx512_bf16() {
-    __builtin_cpu_init();
-    return specdec::cpu_has_avx512f() && __builtin_cpu_supports("avx512bf16");
+bool cpu_has_avx512_bf16() {   // asked on every call: answered once
+    static const bool has = [] {
+        __builtin_cpu_init();
+        return specdec::cpu_has_avx512f() && __builtin_cpu_supports("avx512bf16");
+    }();
+    return has;
 }
 
 typedef int32_t __attribute__((may_alias, aligned(1))) i32u;

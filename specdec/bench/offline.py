@@ -220,9 +220,10 @@ def _run_all(cfg: OfflineBenchConfig, llm, prompts, prompt_ids, specs: dict, pee
             seed = cfg.seed + 1000 * i + rep
             for temp in cfg.temperatures:
                 params = SamplingParams(max_tokens=cfg.max_tokens, temperature=temp, seed=seed)
+                where = {"temperature": temp, "repeat": rep, "prompt_index": i, "category": prompt["category"],
+                         "seed": seed, "prompt_tokens": len(ids)}
                 for (m, k), spec in specs.items():
-                    run = {"method": m, "k": k, "temperature": temp, "repeat": rep, "prompt_index": i,
-                           "category": prompt["category"], "seed": seed, "prompt_tokens": len(ids)}
+                    run = {"method": m, "k": k, **where}
                     try:
                         # pool = category: auto's policy learns each category's acceptance
                         o = llm.generate(ids, params, spec=spec, pool=prompt["category"],
@@ -240,8 +241,7 @@ def _run_all(cfg: OfflineBenchConfig, llm, prompts, prompt_ids, specs: dict, pee
                     bar.update(1)
                 for peer in peers.values():
                     for m in peer.methods:
-                        run = {"method": m, "k": 0, "temperature": temp, "repeat": rep, "prompt_index": i,
-                               "category": prompt["category"], "seed": seed, "prompt_tokens": len(ids)}
+                        run = {"method": m, "k": 0, **where}
                         try:
                             r = peer.run(m, PeerRequest(ids, cfg.max_tokens, temp, seed))
                             run.update({f: v for f, v in r.items() if f in RUN_FIELDS and f not in run})

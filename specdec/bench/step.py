@@ -26,6 +26,16 @@ from .datasets import load_prompts
 ELEMENTWISE = ("rms_norm", "rope_qkv", "silu_mul")
 
 
+def _timer(fn, key: str, acc: dict):
+    """fn, adding the time of every call to acc[key]."""
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        acc[key] += time.perf_counter() - t
+        return out
+    return timed
+
+
 @contextmanager
 def _timed(model: nn.Module, acc: dict):
     """Wrap the model's linears (the head apart) and the compiled layer steps so that each adds its time to acc."""
@@ -33,29 +43,14 @@ def _timed(model: nn.Module, acc: dict):
 
     head = model.lm_head
     undo = []
-    for name, mod in model.named_modules():
+    for mod in model.modules():
         if mod is model or not hasattr(mod, "out_features") or list(mod.children()):
             continue
-        key = "output head" if mod is head else "layer linears"
-        fwd = mod.forward
-
-        def timed(*a, _fwd=fwd, _key=key, **kw):
-            t = time.perf_counter()
-            out = _fwd(*a, **kw)
-            acc[_key] += time.perf_counter() - t
-            return out
-        mod.forward = timed
+        mod.forward = _timer(mod.forward, "output head" if mod is head else "layer linears", acc)
         undo.append(lambda m=mod: m.__dict__.pop("forward", None))
     for fn in (*ELEMENTWISE, "ragged_attention"):
         orig = getattr(cpu_ops, fn)
-        key = "attention" if fn == "ragged_attention" else "norms, rotary, SiLU"
-
-        def timed(*a, _orig=orig, _key=key, **kw):
-            t = time.perf_counter()
-            out = _orig(*a, **kw)
-            acc[_key] += time.perf_counter() - t
-            return out
-        setattr(cpu_ops, fn, timed)
+        setattr(cpu_ops, fn, _timer(orig, "attention" if fn == "ragged_attention" else "norms, rotary, SiLU", acc))
         undo.append(lambda fn=fn, orig=orig: setattr(cpu_ops, fn, orig))
     try:
         yield

@@ -1,9 +1,9 @@
 """Linear layers with weights pre-packed at load time for CPU.
 
 bf16 on a CPU with AVX-512 BF16: `Bf16Linear`, specdec._C's own kernel (csrc/bf16_linear.cpp). It reads the
-weights once per call for any row count up to 6 and from L2 beyond, and computes every row alone in a fixed
+weights once per call for any row count up to 12 and from L2 beyond, and computes every row alone in a fixed
 order, so a row's result never depends on the batch (no padding needed). Measured on the 1.5B's linears
-(`python -m specdec.bench.kernels --bf16`): see docs/benchmarks/README.md.
+(`python -m specdec.bench.kernels --methods bf16,bf16-ours`): see docs/benchmarks/README.md.
 
 Otherwise (fp32, or a CPU without AVX-512 BF16): `PackedLinear`, oneDNN's packed matmul, below.
 
@@ -18,8 +18,6 @@ results per row. Padding therefore makes a one-token step faster *and* computes 
 (k+1)-token verification forward does.
 """
 from __future__ import annotations
-
-import importlib
 
 import torch
 from torch import nn
@@ -57,12 +55,13 @@ class PackedLinear(nn.Module):
         return out[:rows].view(*x.shape[:-1], self.out_features)
 
 
-
 def _bf16_ext():
-    try:
-        ext = importlib.import_module("specdec._C")
-    except ImportError:
+    """specdec._C when it is built and this CPU runs its bf16 kernel, else None."""
+    from .quantization.kernels import available, load_kernels
+
+    if not available():
         return None
+    ext = load_kernels()
     return ext if getattr(ext, "has_avx512_bf16", lambda: False)() else None
 
 
@@ -90,7 +89,8 @@ class Bf16Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = pack_bf16(weight)
-        self.bias = None if bias is None else bias.detach().clone()
+        # fp32 once here (exact from bf16), as the kernel adds it, rather than converted on every call
+        self.bias = None if bias is None else bias.detach().float()
         self.nbytes = self.packed.nbytes + (0 if bias is None else self.bias.nbytes)
         self._ext = _bf16_ext()
 
