@@ -98,6 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-spec-pools", type=int, default=32,
                     help="distinct spec_pool tags kept; later new tags share the pool 'other'")
     sv.add_argument("--log-interval", type=float, default=10.0, help="seconds between speculative-decoding log lines")
+    ray = sv.add_argument_group("scale-out on Ray Serve (pip install 'specdec[ray]')")
+    ray.add_argument("--replicas", type=int, default=None,
+                     help="run N engine replicas behind one endpoint on Ray Serve (each loads the models; "
+                          "--threads per replica defaults to cores / N)")
+    ray.add_argument("--ray-address", default=None,
+                     help="join this Ray cluster (e.g. auto, or HEAD_IP:6379 after `ray start --head`) instead of "
+                          "starting a local one")
+    ray.add_argument("--autoscaling-config", default=None,
+                     help='Ray Serve autoscaling JSON for the engine replicas, e.g. \'{"min_replicas": 1, '
+                          '"max_replicas": 4, "target_ongoing_requests": 4}\'')
 
     from .models.registry import DEFAULT_TARGET
 

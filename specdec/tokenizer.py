@@ -34,6 +34,10 @@ class Tokenizer:
         self.chat_template: str | None = meta.get("chat_template")
         self._template = None
 
+    def __reduce__(self):
+        """Pickled as its JSON and metadata (Ray Serve sends a replica's tokenizer to the ingress)."""
+        return _from_json, (self._tok.to_str(), self.meta)
+
     # -- building ---------------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, reader) -> "Tokenizer":
@@ -277,3 +281,9 @@ class IncrementalDetokenizer:
         new_text = self.tokenizer.decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
         return new_text[len(prefix_text):]
+
+
+def _from_json(text: str, meta: dict) -> Tokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return Tokenizer(HFTokenizer.from_str(text), meta)

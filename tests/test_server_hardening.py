@@ -129,7 +129,7 @@ def test_oversized_prompt_is_refused_before_tokenizing_and_health_stays_fast(ser
 def test_tokenizing_runs_off_the_event_loop(server, monkeypatch):
     """A prompt that must be tokenized whole (legal, just slow) no longer stalls other requests."""
     url, state = server
-    tok = state.llm.tokenizer
+    tok = state.engine.tokenizer
     real = type(tok).encode_chat
 
     def slow_encode_chat(self, messages, *args, **kwargs):
@@ -402,7 +402,7 @@ def test_control_tokens_in_content_are_plain_text(llm):
 
 def test_control_tokens_in_content_over_http(server):
     url, state = server
-    tok = state.llm.tokenizer
+    tok = state.engine.tokenizer
     msgs = [{"role": "user", "content": INJECTION}]
     r = _post(url, {"messages": msgs, "max_tokens": 2})
     assert r.status_code == 200

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..config import SpeculativeConfig
 from ..errors import SpecDecError
 from ..policy.pools import rollout_arm
-from .async_engine import AsyncEngine, RequestAborted, RequestHandle
+from .async_engine import AsyncEngine, QueueFull, RequestAborted, RequestHandle
 from .middleware import BearerAuth, RequestGuard
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, error_body, new_id, now, seed_scope,
                        shown, speculative_stats, usage)
@@ -34,9 +34,8 @@ OTHER_POOL = "other"          # where spec_pool tags beyond --max-spec-pools go
 
 @dataclass
 class ServerState:
-    llm: object                      # specdec.LLM
-    engine: AsyncEngine
-    served_model_name: str
+    engine: AsyncEngine              # or a RayEngineClient: the same names in front of N engine replicas
+    served_model_name: str | None        # None: the engine's model name (known once it has started)
     api_key: str | None = None
     drain_timeout_s: float = 30.0
     traffic_fraction: float = 1.0        # share of requests (by request id hash) that may speculate
@@ -49,18 +48,14 @@ class ServerState:
 
     @property
     def max_model_len(self) -> int:
-        return self.llm.max_model_len
+        return self.engine.max_model_len
 
 
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
-        if state.engine.default_spec.method == "auto":
-            # measure (or read) the cost model before serving, and export every pool's state
-            await asyncio.to_thread(state.llm.policy)
-            state.llm.policy().set_listener(state.engine.metrics.set_pool_enabled)
-        await asyncio.to_thread(state.llm.tokenizer.warm)
-        state.engine.start()
+        await state.engine.startup()
+        state.served_model_name = state.served_model_name or state.engine.model_name
         yield
         await drain(state)
 
@@ -101,13 +96,13 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return Response(state.engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(state.engine.render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/speculative/status")
     async def speculative_status():
         spec = state.engine.default_spec
         return {"default": {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens},
-                "traffic_fraction": state.traffic_fraction, "policy": state.llm.policy_status()}
+                "traffic_fraction": state.traffic_fraction, "policy": state.engine.policy_status()}
 
     @app.get("/v1/models")
     async def models():
@@ -119,7 +114,7 @@ def create_app(state: ServerState) -> FastAPI:
         req.check_supported()
         _check_model(state, req.model)
         msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
-        tok = state.llm.tokenizer
+        tok = state.engine.tokenizer
 
         def encode() -> list[int]:
             try:
@@ -224,9 +219,9 @@ def _completion_ids(state: ServerState, req: CompletionRequest) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
-        _check_lower_bound(state, req, state.llm.tokenizer.min_tokens(prompt), "prompt")
-        return state.llm.tokenizer.encode(prompt)
-    vocab = state.llm.tokenizer.vocab_size
+        _check_lower_bound(state, req, state.engine.tokenizer.min_tokens(prompt), "prompt")
+        return state.engine.tokenizer.encode(prompt)
+    vocab = state.engine.tokenizer.vocab_size
     if any(not 0 <= t < vocab for t in prompt):
         raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
     return list(prompt)
@@ -241,7 +236,7 @@ def _spec_for(state: ServerState, req) -> SpeculativeConfig:
     if method == "auto" and o.num_speculative_tokens is not None:
         raise APIError(400, "with method 'auto' the policy chooses k; leave num_speculative_tokens out",
                        param="speculative.num_speculative_tokens")
-    if method == "draft" and state.llm.draft is None:
+    if method == "draft" and not state.engine.has_draft:
         raise APIError(400, "speculative method 'draft' needs a draft model; this server was started without one",
                        param="speculative.method")
     k = o.num_speculative_tokens if o.num_speculative_tokens is not None else (
@@ -274,6 +269,12 @@ def _shutting_down() -> APIError:
                     code="server_shutting_down")
 
 
+def _queue_full(engine) -> APIError:
+    engine.observe_rejected()
+    return APIError(429, f"the server is busy: {engine.max_queued} requests are already queued; retry later",
+                    "rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 async def _admit_and_submit(state: ServerState, req, encode, raw: Request, route: str,
                             prompt_param: str) -> tuple[RequestHandle, str | None]:
     """Admit (or 429), tokenize in a worker thread (the event loop keeps serving), check the context window,
@@ -282,9 +283,7 @@ async def _admit_and_submit(state: ServerState, req, encode, raw: Request, route
     if state.draining:
         raise _shutting_down()
     if not engine.try_admit():                     # before tokenizing: a full queue costs nothing
-        engine.metrics.rejected.inc()
-        raise APIError(429, f"the server is busy: {engine.max_queued} requests are already queued; retry later",
-                       "rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+        raise _queue_full(engine)
     try:
         prompt_ids = await asyncio.to_thread(encode)
         max_len = state.max_model_len
@@ -303,8 +302,11 @@ async def _admit_and_submit(state: ServerState, req, encode, raw: Request, route
             spec, arm = replace(spec, method="none", num_speculative_tokens=None), "plain"
         if state.closed:                           # drained while this request was tokenizing
             raise _shutting_down()
-        handle = engine.submit(request_id, prompt_ids, params, spec, pool=_pool_for(state, req.spec_pool, route),
-                               arm=arm)
+        try:
+            handle = await engine.submit(request_id, prompt_ids, params, spec,
+                                         pool=_pool_for(state, req.spec_pool, route), arm=arm, affinity=req.spec_pool)
+        except QueueFull:                          # N replicas: every replica and the router's queue are full
+            raise _queue_full(engine) from None
     except BaseException:
         engine.release_admission()
         raise
@@ -323,10 +325,11 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
     rid = new_id("chatcmpl" if chat else "cmpl")
     created, model = now(), state.served_model_name
     obj = "chat.completion" if chat else "text_completion"
+    where = {"x-specdec-replica": handle.replica} if handle.replica else {}     # which engine replica decoded it
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_stream(handle, rid, created, model, chat, include_usage, seed_scope),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache", **where})
     task = asyncio.ensure_future(_collect(handle))
     try:
         while True:                                # a client that goes away aborts its request
@@ -350,9 +353,9 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": final.finish_reason,
                "logprobs": None} if chat else
               {"index": 0, "text": text, "finish_reason": final.finish_reason, "logprobs": None})
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
-            "usage": usage(stats.prompt_tokens, stats.completion_tokens),
-            "speculative": speculative_stats(stats, seed_scope)}
+    return JSONResponse({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
+                         "usage": usage(stats.prompt_tokens, stats.completion_tokens),
+                         "speculative": speculative_stats(stats, seed_scope)}, headers=where)
 
 
 async def _collect(handle: RequestHandle):

@@ -43,6 +43,7 @@ class RequestHandle:
     arm: str = "spec"
     seq: object | None = None            # the engine's Sequence once added
     started: bool = False                # left the waiting queue (queue time observed)
+    replica: str | None = None           # behind a router: the engine replica that decodes it
 
     def abort(self) -> None:
         self.aborted.set()
@@ -88,6 +89,41 @@ class AsyncEngine:
         self.healthy = True
         self.last_error: str | None = None
 
+    # -- what the HTTP layer reads (RayEngineClient answers the same names for a set of replicas) ----------
+    @property
+    def tokenizer(self):
+        return self.llm.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return self.llm.target.name
+
+    @property
+    def has_draft(self) -> bool:
+        return self.llm.draft is not None
+
+    def policy_status(self) -> dict | None:
+        return self.llm.policy_status()
+
+    def render_metrics(self) -> bytes:
+        return self.metrics.render()
+
+    def observe_rejected(self) -> None:
+        self.metrics.rejected.inc()
+
+    async def startup(self) -> None:
+        """Before serving: measure (or read) the cost model for method auto and export every pool's state, warm
+        the tokenizer, start the worker thread."""
+        if self.default_spec.method == "auto":
+            await asyncio.to_thread(self.llm.policy)
+            self.llm.policy().set_listener(self.metrics.set_pool_enabled)
+        await asyncio.to_thread(self.llm.tokenizer.warm)
+        self.start()
+
     # -- admission (event loop side) -------------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
@@ -113,8 +149,11 @@ class AsyncEngine:
         with self._lock:
             self._reserved -= 1
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               spec: SpeculativeConfig, pool: str = "default", arm: str = "spec") -> RequestHandle:
+    async def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                     spec: SpeculativeConfig, pool: str = "default", arm: str = "spec",
+                     affinity: str | None = None) -> RequestHandle:
+        """Turns an admission into a request (`affinity`, the client's spec_pool tag, matters only to a router
+        in front of several engines)."""
         handle = RequestHandle(request_id, prompt_ids, params, spec, asyncio.get_running_loop(), pool=pool, arm=arm)
         with self._wake:
             self._reserved -= 1

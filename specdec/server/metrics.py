@@ -148,3 +148,29 @@ class ServerMetrics:
                      f"drafts {w['drafts']:.0f}, draft tokens {w['draft_tokens']:.0f}, accepted {w['accepted']:.0f}")
             self._window = {k: 0.0 for k in w} | {"since": time.monotonic()}
             return line
+
+
+def merge_labelled(texts: dict[str, bytes | str], label: str = "replica") -> bytes:
+    """Several processes' Prometheus text (e.g. each engine replica's `render()`) as one exposition: every sample
+    gains `label="<key>"`, each family is written once (a Prometheus user sees the names of one process)."""
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Metric] = {}
+    for key, text in texts.items():
+        if isinstance(text, bytes):
+            text = text.decode()
+        for fam in text_string_to_metric_families(text):
+            merged = families.get(fam.name)
+            if merged is None:
+                merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            for s in fam.samples:
+                merged.add_sample(s.name, {label: key, **s.labels}, s.value, s.timestamp, s.exemplar)
+
+    class _Merged:
+        def collect(self):
+            return iter(families.values())
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged())
+    return generate_latest(registry)

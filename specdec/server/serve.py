@@ -54,18 +54,7 @@ curl -N {base}/chat/completions -H 'Content-Type: application/json'{auth} -d '{b
     return text
 
 
-def run_server(args) -> int:
-    import uvicorn
-
-    from ..llm import LLM
-    from .app import ServerState, create_app, drain
-    from .async_engine import AsyncEngine
-    from .metrics import ServerMetrics
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    spec = parse_speculative_config(args.speculative_config)
-    if args.draft and spec.method in ("draft", "auto") and spec.model is None:
-        spec.model = args.draft
+def check_server_args(args) -> None:
     if args.max_queued < 0:
         raise SpecDecError("--max-queued must be >= 0")
     if not 0 <= args.spec_traffic_fraction <= 1:
@@ -76,23 +65,55 @@ def run_server(args) -> int:
         raise SpecDecError("--max-spec-pools must be >= 0")
     if args.drain_timeout < 0:
         raise SpecDecError("--drain-timeout must be >= 0")
+    parse_speculative_config(args.speculative_config)
+    scheduler_config(args)
+
+
+def scheduler_config(args) -> SchedulerConfig:
     try:
-        scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                    **({"max_total_tokens": args.max_total_tokens} if args.max_total_tokens else {}))
+        return SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                               **({"max_total_tokens": args.max_total_tokens} if args.max_total_tokens else {}))
     except ValueError as exc:
         raise SpecDecError(str(exc)) from None
+
+
+def build_engine(args):
+    """Load the models named by `specdec serve`'s arguments; returns (AsyncEngine, served model name). One server
+    process runs one; each Ray Serve engine replica runs one."""
+    from ..llm import LLM
+    from .async_engine import AsyncEngine
+    from .metrics import ServerMetrics
+
+    spec = parse_speculative_config(args.speculative_config)
+    if args.draft and spec.method in ("draft", "auto") and spec.model is None:
+        spec.model = args.draft
     llm = LLM(target=args.target, draft=spec.model if spec.method in ("draft", "auto") else None, speculative=spec,
               dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, num_threads=args.threads,
-              scheduler=scheduler, quantization=args.quantization)
+              scheduler=scheduler_config(args), quantization=args.quantization)
     if spec.method == "auto":
         from ..policy import PolicyConfig
 
         llm.policy(PolicyConfig(k_max=spec.num_speculative_tokens, max_load=args.spec_max_load,
                                 min_acceptance=args.spec_min_acceptance))
     name = args.served_model_name or llm.target.name
-    metrics = ServerMetrics(name)
-    engine = AsyncEngine(llm, spec, args.max_queued, metrics, log_interval_s=args.log_interval)
-    state = ServerState(llm, engine, name, api_key=args.api_key, drain_timeout_s=args.drain_timeout,
+    engine = AsyncEngine(llm, spec, args.max_queued, ServerMetrics(name), log_interval_s=args.log_interval)
+    return engine, name
+
+
+def run_server(args) -> int:
+    check_server_args(args)
+    if args.replicas is not None or args.ray_address or args.autoscaling_config:
+        from .ray_serve import run_ray_server
+
+        return run_ray_server(args)
+
+    import uvicorn
+
+    from .app import ServerState, create_app, drain
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine, name = build_engine(args)
+    state = ServerState(engine, name, api_key=args.api_key, drain_timeout_s=args.drain_timeout,
                         traffic_fraction=args.spec_traffic_fraction, max_request_bytes=args.max_request_bytes,
                         max_spec_pools=args.max_spec_pools)
     app = create_app(state)
