@@ -20,10 +20,77 @@ import pytest
 from conftest import make_tiny_model
 from server_utils import free_port, server_process
 
-pytest.importorskip("ray.serve")
-
 SPEC = '{"method": "draft", "num_speculative_tokens": 3}'
 CHAT = {"messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 12, "temperature": 0}
+
+
+# -- pieces, without a cluster -------------------------------------------------------------------------------------
+def test_rendezvous_moves_only_the_pools_of_a_lost_replica():
+    from specdec.server.ray_router import rendezvous_order
+
+    tags = [f"pool-{i}" for i in range(200)]
+    three = {t: rendezvous_order(t, ["a", "b", "c"])[0] for t in tags}
+    assert three == {t: rendezvous_order(t, ["c", "a", "b"])[0] for t in tags}      # order of ids does not matter
+    assert {"a", "b", "c"} == set(three.values())
+    two = {t: rendezvous_order(t, ["a", "b"])[0] for t in tags}
+    assert all(two[t] == three[t] for t in tags if three[t] != "c")                # only c's pools move
+
+
+def test_replica_metrics_merge_under_one_family_each():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specdec.server.metrics import ServerMetrics, merge_labelled
+
+    a, b = ServerMetrics("m"), ServerMetrics("m")
+    a.rejected.inc()
+    b.rejected.inc(3)
+    a.ttft.observe(0.3)
+    text = merge_labelled({"r1": a.render(), "r2": b.render()}).decode()
+    fams = list(text_string_to_metric_families(text))
+    assert len({f.name for f in fams}) == len(fams) == len(list(text_string_to_metric_families(a.render().decode())))
+    got = {s.labels["replica"]: s.value for f in fams for s in f.samples if s.name == "specdec:request_rejected_total"}
+    assert got == {"r1": 1.0, "r2": 3.0}
+    count = {s.labels["replica"]: s.value for f in fams for s in f.samples
+             if s.name == "specdec:time_to_first_token_seconds_count"}
+    assert count == {"r1": 1.0, "r2": 0.0}
+
+
+def test_autoscaling_config_is_checked_before_ray_starts():
+    from specdec.errors import SpecDecError
+    from specdec.server.ray_serve import autoscaling_config
+
+    assert autoscaling_config(None, 2) is None
+    cfg = autoscaling_config('{"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 3}', 2)
+    assert cfg == {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 3, "initial_replicas": 2}
+    for bad, why in (('{"max_replica": 2}', "unknown key 'max_replica'"),
+                     ('{"min_replicas": 3, "max_replicas": 2}', "must be greater than or equal to min_replicas"),
+                     ('{"max_replicas": 0}', "max_replicas: Input should be greater than 0"),
+                     ("[1]", "must be a JSON object")):
+        with pytest.raises(SpecDecError, match="autoscaling-config") as err:
+            autoscaling_config(bad, 1)
+        assert why in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--replicas", "0"], "--replicas must be >= 1"),
+    (["--replicas", "2", "--autoscaling-config", '{"max_replica": 2}'], "unknown key 'max_replica'"),
+])
+def test_bad_replica_flags_fail_in_one_line(flags, message, tiny_dirs):
+    out = subprocess.run([sys.executable, "-m", "specdec.cli", "serve", "--target", str(tiny_dirs["target"]), *flags],
+                         capture_output=True, text=True, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith("specdec: error: ") and message in lines[0], \
+        out.stderr
+
+
+def test_tokenizer_pickles_whole(tiny_models):
+    import pickle
+
+    tok = tiny_models[0].tokenizer
+    copy = pickle.loads(pickle.dumps(tok))
+    msgs = [{"role": "user", "content": "def add(a, b): 你好"}]
+    assert copy.encode_chat(msgs) == tok.encode_chat(msgs) and copy.eos_token_ids == tok.eos_token_ids
+    assert copy.decode(tok.encode("return a + b")) == "return a + b"
 
 
 def _ray_bin() -> str:
@@ -57,10 +124,9 @@ def _model_args(pair) -> list[str]:
 
 @pytest.fixture(scope="module")
 def head(env, tmp_path_factory):
-    """README: `ray start --head --port 6379` on the head node (here on loopback, 2 CPUs), `ray stop` after."""
+    """README: `ray start --head --port=6379` on the head node (here with a free port), `ray stop` after."""
     port = free_port()
-    out = subprocess.run([_ray_bin(), "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-                          "--disable-usage-stats"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([_ray_bin(), "start", "--head", f"--port={port}"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     yield f"127.0.0.1:{port}"
     subprocess.run([_ray_bin(), "stop", "--force"], capture_output=True, timeout=120)
@@ -154,7 +220,10 @@ def tight_server(cluster_server, long_pair, tmp_path_factory):
     proc.wait(timeout=60)
     subprocess.run([_ray_bin(), "stop", "--force"], capture_output=True, timeout=120)
     log = tmp_path_factory.mktemp("ray-tight") / "serve.log"
-    args = [*_model_args(long_pair), "--replicas", "2", "--max-num-seqs", "1", "--max-queued", "1"]
+    scaling = {"min_replicas": 1, "initial_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1,
+               "upscale_delay_s": 0, "downscale_delay_s": 600, "metrics_interval_s": 0.5, "look_back_period_s": 1}
+    args = [*_model_args(long_pair), "--autoscaling-config", json.dumps(scaling), "--threads", "1",
+            "--max-num-seqs", "1", "--max-queued", "1"]
     with server_process(args, log) as (proc, url):
         yield url, log
         proc.send_signal(signal.SIGTERM)          # its own Ray goes down with it
@@ -162,9 +231,28 @@ def tight_server(cluster_server, long_pair, tmp_path_factory):
 
 
 def _open_stream(client: httpx.Client, url: str, max_tokens: int = 3000):
-    body = CHAT | {"stream": True, "max_tokens": max_tokens, "temperature": 0.8, "seed": 1}
+    body = CHAT | {"stream": True, "max_tokens": max_tokens, "temperature": 0.8, "seed": 1, "ignore_eos": True}
     resp = client.send(client.build_request("POST", url + "/v1/chat/completions", json=body), stream=True)
     return resp, resp.iter_lines()
+
+
+def test_a_queued_request_scales_the_replicas_up(tight_server):
+    import threading
+
+    url, _ = tight_server
+    _wait(lambda: len(_status(url)["policy"]["replicas"]) == 1, what="one replica reporting")
+    with httpx.Client(timeout=180) as c1, httpx.Client(timeout=180) as c2:
+        first, _ = _open_stream(c1, url)
+        assert first.status_code == 200
+        second = {}
+        waiting = threading.Thread(target=lambda: second.update(r=_open_stream(c2, url)[0]), daemon=True)
+        waiting.start()                     # no free slot: it waits in the router, the autoscaler adds a replica
+        _wait(lambda: len(_status(url)["policy"]["replicas"]) == 2, timeout=120, what="a second replica")
+        waiting.join(timeout=60)
+        assert second["r"].status_code == 200
+        assert second["r"].headers["x-specdec-replica"] != first.headers["x-specdec-replica"]
+        first.close()
+        second["r"].close()
 
 
 def test_full_replicas_and_queue_answer_429_with_retry_after(tight_server):

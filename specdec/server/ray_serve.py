@@ -37,8 +37,10 @@ ENGINE_NAME = "SpecdecEngine"
 INGRESS_NAME = "SpecdecIngress"
 STATS_PERIOD_S = 1.0
 AUTOSCALING_KEYS = {"min_replicas", "max_replicas", "initial_replicas", "target_ongoing_requests",
-                    "upscale_delay_s", "downscale_delay_s", "upscaling_factor", "downscaling_factor",
-                    "metrics_interval_s", "look_back_period_s"}
+                    "upscale_delay_s", "downscale_delay_s", "downscale_to_zero_delay_s", "upscaling_factor",
+                    "downscaling_factor", "smoothing_factor", "upscale_smoothing_factor",
+                    "downscale_smoothing_factor", "metrics_interval_s", "look_back_period_s",
+                    "aggregation_function"}
 
 
 # -- what a replica streams back ---------------------------------------------------------------------------------
@@ -186,6 +188,7 @@ class RayEngineClient:
         self._inflight: set[RemoteHandle] = set()
         self._reserved = 0
         self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.last_error: str | None = None
         self.pool_replicas: dict[str, str] = {}        # spec_pool tag -> the replica that last decoded it
         r = self._registry = CollectorRegistry()
@@ -195,6 +198,7 @@ class RayEngineClient:
         self.replicas = Gauge("specdec:num_replicas", "Engine replicas reporting to the ingress", registry=r)
 
     async def startup(self) -> None:
+        self._loop = asyncio.get_running_loop()
         info = await self._control.describe.remote()
         self.tokenizer = info["tokenizer"]
         self.max_model_len = info["max_model_len"]
@@ -238,7 +242,6 @@ class RayEngineClient:
         import ray.exceptions
         from ray.serve.exceptions import BackPressureError
 
-        self._reserved -= 1
         for attempt in range(3):
             gen = self._handle.generate.remote(request_id, prompt_ids, params, spec, pool=pool, arm=arm,
                                                affinity=affinity)
@@ -257,6 +260,7 @@ class RayEngineClient:
                 gen.cancel()
                 raise QueueFull()
             handle = RemoteHandle(gen, first, self)
+            self._reserved -= 1                      # on failure the app releases the admission
             self._inflight.add(handle)
             if affinity is not None:
                 self.pool_replicas[affinity] = first.replica
@@ -267,13 +271,14 @@ class RayEngineClient:
         self._inflight.discard(handle)
 
     def shutdown(self, timeout: float = 0) -> None:
-        """Drain deadline: stop admitting, cut what is still decoding (each ends with RequestAborted)."""
+        """Drain deadline (called from a worker thread): stop admitting; what still decodes after `timeout` s is
+        cut on the event loop, each request ending with RequestAborted."""
         self._stopping = True
         deadline = time.monotonic() + timeout
         while self._inflight and time.monotonic() < deadline:
             time.sleep(0.05)
-        for h in list(self._inflight):
-            h.cut()
+        if self._inflight and self._loop is not None:
+            self._loop.call_soon_threadsafe(lambda: [h.cut() for h in list(self._inflight)])
 
     def render_metrics(self) -> bytes:
         from prometheus_client import generate_latest
@@ -325,10 +330,19 @@ def autoscaling_config(text: str | None, replicas: int) -> dict | None:
         raise SpecDecError(f"--autoscaling-config: unknown key '{sorted(unknown)[0]}' "
                            f"(known: {', '.join(sorted(AUTOSCALING_KEYS))})")
     obj.setdefault("initial_replicas", replicas)
-    lo, hi = obj.get("min_replicas", 1), obj.get("max_replicas", max(replicas, obj.get("min_replicas", 1)))
-    if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi and hi >= 1):
-        raise SpecDecError("--autoscaling-config: need 0 <= min_replicas <= max_replicas, max_replicas >= 1")
-    obj["min_replicas"], obj["max_replicas"] = lo, hi
+    obj.setdefault("min_replicas", min(1, obj["initial_replicas"]))
+    obj.setdefault("max_replicas", max(obj["initial_replicas"], obj["min_replicas"], 1))
+    try:
+        from ray.serve.config import AutoscalingConfig
+    except ImportError:
+        return obj
+    try:
+        AutoscalingConfig(**obj)                  # Ray Serve's own checks (min <= initial <= max, ...)
+    except Exception as exc:  # noqa: BLE001 - pydantic's error, shown in one line
+        errs = exc.errors() if hasattr(exc, "errors") else []
+        detail = (f"{'.'.join(map(str, errs[0]['loc'])) + ': ' if errs[0].get('loc') else ''}{errs[0]['msg']}"
+                  if errs else " ".join(str(exc).split())[:300])
+        raise SpecDecError(f"--autoscaling-config: {detail}") from None
     return obj
 
 
@@ -386,6 +400,11 @@ def _has_ray_token() -> bool:
 
 
 def run_ray_server(args) -> int:
+    if args.replicas is None:
+        args.replicas = 1
+    if args.replicas < 1:
+        raise SpecDecError("--replicas must be >= 1")
+    autoscaling_config(args.autoscaling_config, args.replicas)       # its errors before anything starts
     if args.ray_address and "RAY_AUTH_MODE" not in os.environ and _has_ray_token():
         # a cluster from `ray start --head` uses token auth once a token exists, but a driver given an explicit
         # address (Ray 2.60) sends the token only when the mode is said (before ray is imported): say it
@@ -397,8 +416,6 @@ def run_ray_server(args) -> int:
         raise SpecDecError("--replicas needs Ray Serve: pip install 'specdec[ray]'") from None
     from .serve import examples
 
-    if args.replicas < 1:
-        raise SpecDecError("--replicas must be >= 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(args)
     started_ray = args.ray_address is None
