@@ -17,6 +17,7 @@ class SamplingParams:
     seed: int | None = None       # per-request generator: same seed, same output
     stop: list[str] = field(default_factory=list)  # stop strings (excluded from the text)
     ignore_eos: bool = False
+    logprobs: int | None = None   # None: none; 0: each emitted token's logprob; n: and the n most likely (vLLM's)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -33,6 +34,8 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:

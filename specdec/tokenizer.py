@@ -203,6 +203,25 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (OpenAI's logprobs `bytes`): a byte-level BPE entry mapped back to its
+        bytes (it may be part of a UTF-8 character), an added token's text, else the token decoded alone."""
+        added = self._added_texts.get(token_id)
+        if added is not None:
+            return added.encode()
+        piece = self._tok.id_to_token(token_id)
+        if piece is not None and self._byte_level and all(c in _UNICODE_TO_BYTE for c in piece):
+            return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+        return self._tok.decode([token_id], skip_special_tokens=False).encode()
+
+    @functools.cached_property
+    def _added_texts(self) -> dict[int, str]:
+        return {i: t.content for i, t in self._tok.get_added_tokens_decoder().items()}
+
+    @functools.cached_property
+    def _byte_level(self) -> bool:
+        return '"ByteLevel"' in json.dumps(json.loads(self._tok.to_str()).get("decoder"))
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise SpecDecError("this model has no chat template; pass raw text (--no-chat)")
@@ -281,6 +300,23 @@ class IncrementalDetokenizer:
         new_text = self.tokenizer.decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
         return new_text[len(prefix_text):]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte as one printable character."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
 
 
 def _from_json(text: str, meta: dict) -> Tokenizer:

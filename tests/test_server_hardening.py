@@ -238,8 +238,11 @@ BAD = [
     (CHAT, {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
      "response_format"),
     (CHAT, {"messages": MSG, "logit_bias": {"5": 100}}, "logit_bias"),
-    (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 2}, "logprobs"),
-    (CHAT, {"messages": MSG, "top_logprobs": 2}, "top_logprobs"),
+    (CHAT, {"messages": MSG, "top_logprobs": 2}, "top_logprobs"),                      # needs logprobs: true
+    (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    (CHAT, {"messages": MSG, "logprobs": 3}, "logprobs"),                               # a boolean in chat
+    (COMPLETIONS, {"prompt": "hi", "logprobs": 21}, "logprobs"),
+    (COMPLETIONS, {"prompt": "hi", "logprobs": True}, "logprobs"),
     (CHAT, {"messages": MSG, "prediction": {"type": "content", "content": "x"}}, "prediction"),
     (CHAT, {"messages": MSG, "modalities": ["text", "audio"]}, "modalities"),
     (COMPLETIONS, {"prompt": "hi", "suffix": "!"}, "suffix"),

@@ -25,6 +25,7 @@ from ..policy.decide import RequestFeatures
 from ..proposers.base import Draft, ProposalContext, VerifyResult, empty_draft
 from ..proposers.draft_model import DraftModelProposer
 from ..proposers.ngram import NgramProposer
+from ..sampling.logprobs import token_logprobs
 from ..sampling.rejection import verify_ragged
 from ..sampling_params import SamplingParams
 from .kv_manager import KVManager
@@ -199,13 +200,17 @@ class LLMEngine:
             [s.params for s, _, _ in sampling], [s.generator for s, _, _ in sampling])
         t2 = time.perf_counter()
         outputs = []
-        for (seq, plan, _), (num_accepted, emitted) in zip(sampling, results):
+        for (seq, plan, lg), (num_accepted, emitted) in zip(sampling, results):
             try:
                 committed = self._commit(seq, plan, num_accepted, emitted, t0, t1, t2)
+                lps = None
+                if seq.params.logprobs is not None:     # row i of lg is the distribution emitted[i] came from
+                    lps = token_logprobs(lg[:len(committed), :V], committed, seq.params.logprobs)
+                    seq.logprobs = (seq.logprobs or []) + lps
             except Exception as exc:  # noqa: BLE001 - one request's failure is that request's error
                 outputs.append(self._fail(seq, exc))
                 continue
-            outputs.append(self._output(seq, committed))
+            outputs.append(self._output(seq, committed, lps))
         return outputs
 
     def _propose(self, seqs: list[Sequence], rows: int) -> list[_Plan]:
@@ -283,16 +288,17 @@ class LLMEngine:
             self.draft.observe(VerifyResult(seq.seq_id, num_draft, num_accepted, len(seq.token_ids)))
         return committed
 
-    def _output(self, seq: Sequence, committed: list[int]) -> StepOutput:
+    def _output(self, seq: Sequence, committed: list[int], logprobs=None) -> StepOutput:
         now = time.perf_counter()
         if seq.first_token_at is None:
             seq.first_token_at = now
         if not seq.finished:
-            return StepOutput(seq.request_id, StreamDelta(seq.take_delta(), committed, False, None))
+            return StepOutput(seq.request_id, StreamDelta(seq.take_delta(), committed, False, None, logprobs=logprobs))
         seq.stats.finish_reason = seq.finish_reason
         seq.stats.finalize(seq.arrival, seq.first_token_at, now)
         self._finish(seq)
-        return StepOutput(seq.request_id, StreamDelta(seq.take_delta(), committed, True, seq.finish_reason, seq.stats))
+        return StepOutput(seq.request_id, StreamDelta(seq.take_delta(), committed, True, seq.finish_reason, seq.stats,
+                                                      logprobs=logprobs))
 
     def _finish(self, seq: Sequence) -> None:
         self.seqs.pop(seq.request_id, None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..metrics.stats import RequestStats
+from ..sampling.logprobs import TokenLogprob
 
 
 @dataclass
@@ -13,6 +14,7 @@ class StreamDelta:
     finished: bool
     finish_reason: str | None
     stats: RequestStats | None = None   # set on the last delta
+    logprobs: list[TokenLogprob] | None = None   # per token of token_ids, when the request asked for logprobs
 
 
 @dataclass
@@ -30,6 +32,7 @@ class RequestOutput:
     text: str
     finish_reason: str
     stats: RequestStats
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass

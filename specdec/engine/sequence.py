@@ -45,6 +45,7 @@ class Sequence:
     device: torch.device | str = "cpu"              # where the sampling generator lives (the model's device)
     arrival: float = 0.0                            # perf_counter at add_request
     first_token_at: float | None = None
+    logprobs: list | None = None                    # TokenLogprob per output token, when params.logprobs is set
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_ids)      # prompt + output

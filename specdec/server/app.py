@@ -20,8 +20,8 @@ from ..errors import SpecDecError
 from ..policy.pools import rollout_arm
 from .async_engine import AsyncEngine, QueueFull, RequestAborted, RequestHandle
 from .middleware import BearerAuth, RequestGuard
-from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, error_body, new_id, now, seed_scope,
-                       shown, speculative_stats, usage)
+from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, completion_logprobs, error_body,
+                       logprobs_content, new_id, now, seed_scope, shown, speculative_stats, usage)
 
 log = logging.getLogger("specdec.server")
 RETRY_AFTER_S = 1
@@ -326,9 +326,12 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
     created, model = now(), state.served_model_name
     obj = "chat.completion" if chat else "text_completion"
     where = {"x-specdec-replica": handle.replica} if handle.replica else {}     # which engine replica decoded it
+    want_lp = req.logprobs_count() is not None
+    tok = state.engine.tokenizer
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream(handle, rid, created, model, chat, include_usage, seed_scope),
+        lp = (tok,) if want_lp else None
+        return StreamingResponse(_stream(handle, rid, created, model, chat, include_usage, seed_scope, lp),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache", **where})
     task = asyncio.ensure_future(_collect(handle))
     try:
@@ -340,7 +343,7 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
                 handle.abort()
                 task.cancel()
                 return Response(status_code=499)
-        text, final = task.result()
+        text, final, lps = task.result()
     except RequestAborted:
         raise APIError(503, CUT_MESSAGE, "server_error", code="server_shutting_down") from None
     except APIError:
@@ -350,32 +353,45 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
     finally:
         handle.abort()                             # no-op when finished
     stats = final.stats
+    logprobs = None
+    if want_lp:
+        logprobs = {"content": logprobs_content(tok, lps)} if chat else completion_logprobs(tok, lps)[0]
     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": final.finish_reason,
-               "logprobs": None} if chat else
-              {"index": 0, "text": text, "finish_reason": final.finish_reason, "logprobs": None})
+               "logprobs": logprobs} if chat else
+              {"index": 0, "text": text, "finish_reason": final.finish_reason, "logprobs": logprobs})
     return JSONResponse({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
                          "usage": usage(stats.prompt_tokens, stats.completion_tokens),
                          "speculative": speculative_stats(stats, seed_scope)}, headers=where)
 
 
 async def _collect(handle: RequestHandle):
-    parts, final = [], None
+    parts, final, lps = [], None, []
     async for d in handle.deltas():
         parts.append(d.text)
+        lps += d.logprobs or []
         final = d
-    return "".join(parts), final
+    return "".join(parts), final, lps
 
 
 async def _stream(handle: RequestHandle, rid: str, created: int, model: str, chat: bool, include_usage: bool,
-                  seed_scope: str | None = None):
+                  seed_scope: str | None = None, lp: tuple | None = None):
+    """lp: (tokenizer,) when the request asked for logprobs: each chunk carries those of its tokens."""
     obj = "chat.completion.chunk" if chat else "text_completion"
+    offset = 0
 
-    def chunk(text: str | None, finish_reason=None, role=False) -> dict:
+    def chunk(text: str | None, finish_reason=None, role=False, lps=None) -> dict:
+        nonlocal offset
+        logprobs = None
+        if lp is not None and not role:
+            if chat:
+                logprobs = {"content": logprobs_content(lp[0], lps or [])}
+            else:
+                logprobs, offset = completion_logprobs(lp[0], lps or [], offset)
         if chat:
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
+            choice = {"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": logprobs}
         return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
 
     try:
@@ -383,14 +399,14 @@ async def _stream(handle: RequestHandle, rid: str, created: int, model: str, cha
             yield _sse(chunk(None, role=True))
         async for d in handle.deltas():
             if d.finished:
-                last = chunk(d.text or None, d.finish_reason)
+                last = chunk(d.text or None, d.finish_reason, lps=d.logprobs)
                 last["speculative"] = speculative_stats(d.stats, seed_scope)
                 yield _sse(last)
                 if include_usage:
                     yield _sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
                                 "usage": usage(d.stats.prompt_tokens, d.stats.completion_tokens)})
-            elif d.text:
-                yield _sse(chunk(d.text))
+            elif d.text or (lp is not None and d.logprobs):
+                yield _sse(chunk(d.text, lps=d.logprobs))
         yield "data: [DONE]\n\n"
     except RequestAborted:
         yield _sse(error_body(CUT_MESSAGE, "server_error", code="server_shutting_down"))

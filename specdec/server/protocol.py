@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic_core import PydanticCustomError
 
 from ..config import K_MAX, K_MIN
+from ..sampling.logprobs import MAX_TOP_LOGPROBS
 from ..sampling_params import SamplingParams
 
 
@@ -94,7 +95,7 @@ class _Sampling(BaseModel):
     function_call: Any = None
     response_format: Any = None
     logit_bias: dict[str, Any] | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     prediction: Any = None
     audio: Any = None
     modalities: list[Any] | None = None
@@ -106,10 +107,7 @@ class _Sampling(BaseModel):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise APIError(400, f"{name} is not supported (only 0)", param=name, code="unsupported_parameter")
-        if self.logprobs:
-            raise _unsupported("logprobs", "logprobs are")
-        if self.top_logprobs:
-            raise _unsupported("top_logprobs", "top_logprobs (log probabilities) are")
+        self.logprobs_count()
         if self.tools:
             raise _unsupported("tools", "tool calling (tools) is")
         if self.tool_choice not in (None, "none"):
@@ -130,6 +128,11 @@ class _Sampling(BaseModel):
         if self.modalities is not None and self.modalities != ["text"]:
             raise _unsupported("modalities", "modalities other than [\"text\"] are")
 
+    def logprobs_count(self) -> int | None:
+        """None (no logprobs), or how many most-likely tokens to list beside each emitted token's logprob.
+        Chat: `logprobs: true` with `top_logprobs` 0..20; completions: `logprobs` 0..20 (OpenAI allows 5, vLLM 20)."""
+        raise NotImplementedError
+
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         self.check_supported()
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -139,7 +142,8 @@ class _Sampling(BaseModel):
             raise APIError(400, "at most 16 stop strings", param="stop")
         return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
                               top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or -1,
-                              min_p=self.min_p or 0.0, seed=self.seed, stop=stop, ignore_eos=self.ignore_eos)
+                              min_p=self.min_p or 0.0, seed=self.seed, stop=stop, ignore_eos=self.ignore_eos,
+                              logprobs=self.logprobs_count())
 
 
 class ContentPart(BaseModel):
@@ -187,6 +191,16 @@ class ChatCompletionRequest(_Sampling):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def logprobs_count(self) -> int | None:
+        if self.logprobs is not None and not isinstance(self.logprobs, bool):
+            raise APIError(400, "logprobs must be a boolean for chat completions (use top_logprobs for a count)",
+                           param="logprobs")
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            return None
+        return self.top_logprobs or 0
+
 
 class CompletionRequest(_Sampling):
     prompt: Text | list[Text] | list[int] = Field(min_length=1)
@@ -205,6 +219,40 @@ class CompletionRequest(_Sampling):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def logprobs_count(self) -> int | None:
+        if self.top_logprobs:
+            raise APIError(400, "top_logprobs is a chat completions field; completions take logprobs: N",
+                           param="top_logprobs")
+        if self.logprobs is None:
+            return None
+        if isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] for completions",
+                           param="logprobs")
+        return self.logprobs
+
+
+def logprobs_content(tokenizer, lps: list) -> list[dict]:
+    """Chat `choices[].logprobs.content`: per token its text, logprob, UTF-8 bytes and top alternatives."""
+    def entry(token_id: int, logprob: float) -> dict:
+        raw = tokenizer.token_bytes(token_id)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+    return [entry(t.token_id, t.logprob) | {"top_logprobs": [entry(i, v) for i, v in t.top]} for t in lps]
+
+
+def completion_logprobs(tokenizer, lps: list, offset: int = 0) -> tuple[dict, int]:
+    """Completions' `choices[].logprobs` (tokens, token_logprobs, top_logprobs, text_offset) for these tokens,
+    their text offsets counted from `offset`; returns it and the offset after them."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for t in lps:
+        text = tokenizer.token_bytes(t.token_id).decode("utf-8", "replace")
+        out["tokens"].append(text)
+        out["token_logprobs"].append(t.logprob)
+        top = {tokenizer.token_bytes(i).decode("utf-8", "replace"): v for i, v in t.top}
+        out["top_logprobs"].append(top | {text: t.logprob})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out, offset
 
 
 def shown(value: str, limit: int = 64) -> str:
