@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .sampling.grammar import StructuredOutputs
+
 
 GREEDY_EPS = 1e-5
 
@@ -18,6 +20,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings (excluded from the text)
     ignore_eos: bool = False
     logprobs: int | None = None   # None: none; 0: each emitted token's logprob; n: and the n most likely (vLLM's)
+    structured_outputs: StructuredOutputs | None = None   # a grammar the output must follow (JSON schema, ...)
 
     def __post_init__(self):
         if isinstance(self.stop, str):

@@ -38,7 +38,7 @@ from .sequence import Sequence, SpecState
 class _Plan:
     """One decoding sequence's part of a step: what it verifies and where that came from."""
     draft: Draft = field(default_factory=empty_draft)
-    source: str = "draft"                 # draft | lookup (method auto: which proposer filled `draft`)
+    source: str = "draft"                 # draft | lookup (method auto: which proposer filled `draft`) | forced
     match_len: int = 0                    # auto: length of the n-gram prompt lookup matched
     guess: list[int] = field(default_factory=list)   # auto: prompt lookup's guess (scored even when not verified)
 
@@ -111,6 +111,10 @@ class LLMEngine:
                        request_id=request_id, spec=state, device=self.device, arrival=time.perf_counter())
         seq.stats.method, seq.stats.num_speculative_tokens = spec.method, k
         seq.stats.prompt_tokens = len(prompt_ids)
+        if params.structured_outputs is not None:
+            from ..sampling.grammar import Constraint
+
+            seq.constraint = Constraint(params.structured_outputs, self.tokenizer)
         if spec.method == "auto":
             self._decide(seq)
         self.seqs[request_id] = seq
@@ -193,7 +197,7 @@ class LLMEngine:
                 sampling.append((seq, None, lg))
         V = self.vocab_size
         results = verify_ragged(
-            [lg[:, :V] for _, _, lg in sampling],
+            [self._constrained(s, p, lg[:, :V]) for s, p, lg in sampling],
             [(p.draft if p else empty_draft()).token_ids for _, p, _ in sampling],
             [None if p is None or p.draft.q_draft is None else p.draft.q_draft[:, :V].to(self.device)
              for _, p, _ in sampling],
@@ -213,6 +217,16 @@ class LLMEngine:
             outputs.append(self._output(seq, committed, lps))
         return outputs
 
+    @staticmethod
+    def _constrained(seq: Sequence, plan: _Plan | None, logits: torch.Tensor) -> torch.Tensor:
+        """A constrained request's rows with the grammar's masks applied (row j: after the draft's first j)."""
+        if seq.constraint is None:
+            return logits
+        from ..sampling.grammar import apply_masks
+
+        draft = plan.draft.token_ids.tolist() if plan is not None else []
+        return apply_masks(logits, seq.constraint.row_masks(draft))
+
     def _propose(self, seqs: list[Sequence], rows: int) -> list[_Plan]:
         """Each decoding sequence's draft for this step, by its own method and k."""
         plans = [_Plan() for _ in seqs]
@@ -227,10 +241,18 @@ class LLMEngine:
         for i in order:
             seq, sp, plan = seqs[i], seqs[i].spec, plans[i]
             room = min(sp.k, seq.room)
+            if seq.constraint is not None and sp.method != "none":
+                forced = seq.constraint.forced(room)          # the grammar's next tokens: verified without drafting
+                if forced:
+                    plan.draft, plan.source = Draft(torch.tensor(forced, dtype=torch.long)), "forced"
+                    rows += len(forced)
+                    continue
             if room <= 0 or sp.method == "none" or (auto_off and sp.method == "auto"):
                 continue
             if sp.method == "ngram":
                 guess = self.lookup_for(sp).match(seq.token_ids, room)[1]
+                if seq.constraint is not None:              # cut at the first token the grammar forbids
+                    guess = guess[:seq.constraint.valid_prefix(guess)]
                 plan.draft = Draft(torch.tensor(guess, dtype=torch.long))
                 rows += len(guess)
             elif sp.method == "draft":
@@ -240,6 +262,8 @@ class LLMEngine:
                 if budget is None and self._policy is not None:
                     budget = StepBudget(self._policy.cost, rows=rows, tokens=float(len(seqs)))
                 plan.match_len, plan.guess = self.lookup_for(sp).match(seq.token_ids, room)
+                if seq.constraint is not None:
+                    plan.guess = plan.guess[:seq.constraint.valid_prefix(plan.guess)]
                 plan.source, k = sp.controller.plan(plan.match_len, len(plan.guess), budget)
                 k = max(0, min(k, room))
                 if plan.source == "lookup":
@@ -264,7 +288,10 @@ class LLMEngine:
         stats = seq.stats
         if plan is None:                                  # the first token, sampled from the prompt's last row
             stats.prefill_time_s += t2 - t0
-            return seq.append(emitted)
+            committed = seq.append(emitted)
+            if seq.constraint is not None:
+                seq.constraint.commit(committed)
+            return committed
         # the newest token and the accepted drafts now have K/V; the emitted last token does not
         seq.num_computed += 1 + num_accepted
         self.kv.commit(seq.seq_id, seq.num_computed)     # rejected drafts' K/V is simply not counted
@@ -273,8 +300,11 @@ class LLMEngine:
         stats.draft_time_s += t1 - t0
         stats.verify_time_s += t2 - t1
         stats.observe_draft(num_draft, num_accepted)
+        if plan.source == "forced":
+            stats.forced_steps += 1
+            stats.forced_tokens += num_accepted
         ctl = seq.spec.controller
-        if ctl is not None:
+        if ctl is not None and plan.source != "forced":
             if plan.source == "lookup":
                 stats.lookup_steps += 1
                 matched = num_accepted
@@ -284,6 +314,8 @@ class LLMEngine:
                                min(len(guess), len(emitted)))
             ctl.observe(plan.source, num_draft, num_accepted, plan.match_len, len(plan.guess), matched)
         committed = seq.append(emitted)
+        if seq.constraint is not None:
+            seq.constraint.commit(committed)
         if self.draft is not None and seq.spec.method in ("draft", "auto"):
             self.draft.observe(VerifyResult(seq.seq_id, num_draft, num_accepted, len(seq.token_ids)))
         return committed

@@ -46,6 +46,7 @@ class Sequence:
     arrival: float = 0.0                            # perf_counter at add_request
     first_token_at: float | None = None
     logprobs: list | None = None                    # TokenLogprob per output token, when params.logprobs is set
+    constraint: object | None = None                # sampling.grammar.Constraint for structured outputs
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_ids)      # prompt + output

@@ -28,6 +28,8 @@ class RequestStats:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     lookup_steps: int = 0               # method "auto": draft steps that verified a prompt-lookup guess
+    forced_steps: int = 0               # structured outputs: draft steps that verified tokens the grammar forced
+    forced_tokens: int = 0              # ... and the forced tokens accepted there
     acceptance_rate: float | None = None          # accepted / drafted
     mean_accepted_length: float | None = None     # 1 + accepted / draft_steps (bonus included; vLLM)
     accepted_per_position: list[float] = field(default_factory=list)  # acceptance at draft position 1..k

@@ -1,0 +1,152 @@
+"""Structured outputs: a grammar (JSON schema, any JSON object, Lark, regex) constrains what a request may emit.
+
+Built on llguidance (Rust; ~50 µs a token mask for a JSON schema on this CPU; xgrammar pulls Triton and
+transformers at run time). Each constrained request holds a `Constraint` (one matcher):
+
+- its masks go onto the target's logits at every row that samples: for a verification of draft d1..dk, row j
+  gets the mask of the state after d1..dj (consumed, then rolled back), so the target's distribution p is the
+  constrained one at every position; the rejection sampler is unchanged, and its exactness holds for any draft
+  distribution q, so the output is distributed as plain constrained sampling from the target;
+- a lookup guess is cut at its first forbidden token (a forbidden token would be rejected for certain);
+- where the grammar forces the next tokens (a JSON key, a closing brace), they are proposed as the draft without
+  asking any proposer ("forced runs"): one-hot proposals, accepted with the constrained p(token), which is 1
+  unless another tokenization of the same text is also allowed;
+- committed tokens are consumed; a rejected draft's tokens never are.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import SpecDecError
+
+
+# JSON as json.dumps writes it (", " and ": ", no other whitespace): what models write anyway, and it lets the
+# grammar force more of the text; a schema's own "x-guidance" options override it
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass
+class StructuredOutputs:
+    """vLLM's `structured_outputs` fields: exactly one of them."""
+    json: dict | str | None = None          # a JSON schema
+    json_object: bool = False               # any JSON object
+    grammar: str | None = None              # a Lark grammar (llguidance's dialect: %json {...} embeds a schema)
+    regex: str | None = None
+
+    def __post_init__(self):
+        given = [n for n in ("json", "grammar", "regex") if getattr(self, n) is not None] + \
+            (["json_object"] if self.json_object else [])
+        if len(given) != 1:
+            raise ValueError(f"structured outputs take exactly one of json, json_object, grammar, regex "
+                             f"(got {', '.join(given) or 'none'})")
+
+    def grammar_text(self) -> str:
+        import llguidance as llg
+
+        if self.json is not None:
+            schema = json.loads(self.json) if isinstance(self.json, str) else self.json
+            return llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE)
+        if self.json_object:
+            return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_STYLE)
+        if self.grammar is not None:
+            return llg.LLMatcher.grammar_from_lark(self.grammar)
+        return llg.LLMatcher.grammar_from_regex(self.regex)
+
+
+_ll_tokenizers: dict[int, object] = {}
+_lock = threading.Lock()
+
+
+def ll_tokenizer(tokenizer):
+    """llguidance's view of our tokenizer (built once per tokenizer: ~1 s for a 150k vocabulary)."""
+    import llguidance as llg
+
+    key = id(tokenizer)
+    with _lock:
+        lt = _ll_tokenizers.get(key)
+        if lt is None:
+            lt = llg.LLTokenizer(tokenizer.tokenizer_json(), n_vocab=tokenizer.vocab_size,
+                                 eos_token=list(tokenizer.eos_token_ids))
+            _ll_tokenizers[key] = lt
+    return lt
+
+
+def check_grammar(spec: StructuredOutputs, tokenizer) -> str:
+    """The grammar text for this spec; SpecDecError (one line) when it is not a valid grammar or schema."""
+    import llguidance as llg
+
+    try:
+        text = spec.grammar_text()
+    except (ValueError, TypeError) as exc:
+        raise SpecDecError(f"invalid structured output: {exc}") from None
+    err = llg.LLMatcher.validate_grammar(text, ll_tokenizer(tokenizer))
+    if err:
+        raise SpecDecError(f"invalid structured output: {' '.join(err.split())[:300]}")
+    return text
+
+
+class Constraint:
+    """One request's grammar state."""
+
+    def __init__(self, spec: StructuredOutputs, tokenizer, grammar_text: str | None = None):
+        import llguidance as llg
+
+        self.vocab_size = tokenizer.vocab_size
+        self.eos_ids = list(tokenizer.eos_token_ids)
+        self.matcher = llg.LLMatcher(ll_tokenizer(tokenizer), grammar_text or check_grammar(spec, tokenizer))
+        if self.matcher.is_error():
+            raise SpecDecError(f"invalid structured output: {self.matcher.get_error()}")
+
+    def _mask(self) -> torch.Tensor:
+        """[V] bool: the tokens allowed next."""
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = torch.from_numpy(np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool))
+        if not allowed.any():                     # an error state: only ending is left
+            allowed[self.eos_ids] = True
+        return allowed
+
+    def forced(self, limit: int) -> list[int]:
+        """Tokens the grammar forces next (at most `limit`)."""
+        return list(self.matcher.compute_ff_tokens()[:limit]) if limit > 0 else []
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of these tokens the grammar allows in a row from here."""
+        return self.matcher.validate_tokens(tokens) if tokens else 0
+
+    def row_masks(self, draft: list[int]) -> torch.Tensor:
+        """[len(draft) + 1, V] bool: the mask of each verification row (row j: after draft[:j])."""
+        n_ok = self.valid_prefix(draft)
+        masks = [self._mask()]
+        for j in range(len(draft)):
+            if j < n_ok:
+                self.matcher.consume_token(draft[j])
+                masks.append(self._mask())
+            else:                               # unreachable rows: draft[n_ok] is rejected at row n_ok for sure
+                masks.append(masks[-1])
+        if n_ok:
+            self.matcher.rollback(n_ok)
+        return torch.stack(masks)
+
+    def commit(self, tokens: list[int]) -> None:
+        if tokens:
+            self.matcher.consume_tokens(tokens)
+
+
+def apply_masks(logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """logits [R, V] with the forbidden tokens at -inf (a copy)."""
+    return logits.masked_fill(~masks.to(logits.device), float("-inf"))
+
+
+@functools.cache
+def available() -> bool:
+    try:
+        import llguidance  # noqa: F401
+    except ImportError:
+        return False
+    return True
