@@ -143,6 +143,13 @@ def apply_masks(logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~masks.to(logits.device), float("-inf"))
 
 
+def warm(tokenizer) -> None:
+    """Build llguidance's view of the tokenizer before serving (a server's first structured request should not
+    pay ~1 s for it)."""
+    if available():
+        ll_tokenizer(tokenizer)
+
+
 @functools.cache
 def available() -> bool:
     try:

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..config import SpeculativeConfig
 from ..errors import SpecDecError
 from ..policy.pools import rollout_arm
+from ..sampling.grammar import check_grammar
 from .async_engine import AsyncEngine, QueueFull, RequestAborted, RequestHandle
 from .middleware import BearerAuth, RequestGuard
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, completion_logprobs, error_body,
@@ -295,6 +296,12 @@ async def _admit_and_submit(state: ServerState, req, encode, raw: Request, route
             params = req.sampling_params(want if want is not None else max_len - n)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
+        if params.structured_outputs is not None:     # a bad schema or grammar is the client's error, said now
+            try:
+                await asyncio.to_thread(check_grammar, params.structured_outputs, state.engine.tokenizer)
+            except SpecDecError as exc:
+                param = "structured_outputs" if req.structured_outputs is not None else "response_format"
+                raise APIError(400, str(exc), param=param) from None
         spec = _spec_for(state, req)
         request_id = raw.headers.get("x-request-id") or new_id("req")
         arm = "spec"

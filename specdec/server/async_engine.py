@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..config import SpeculativeConfig
 from ..engine import StepOutput
+from ..sampling.grammar import warm as warm_grammar
 from ..sampling_params import SamplingParams
 from .metrics import ServerMetrics
 
@@ -122,6 +123,7 @@ class AsyncEngine:
             await asyncio.to_thread(self.llm.policy)
             self.llm.policy().set_listener(self.metrics.set_pool_enabled)
         await asyncio.to_thread(self.llm.tokenizer.warm)
+        await asyncio.to_thread(warm_grammar, self.llm.tokenizer)
         self.start()
 
     # -- admission (event loop side) -------------------------------------------------------------------

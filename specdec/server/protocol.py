@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic_core import PydanticCustomError
 
 from ..config import K_MAX, K_MIN
+from ..sampling.grammar import StructuredOutputs
 from ..sampling.logprobs import MAX_TOP_LOGPROBS
 from ..sampling_params import SamplingParams
 
@@ -94,6 +95,7 @@ class _Sampling(BaseModel):
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: Any = None
+    structured_outputs: dict[str, Any] | None = None     # vLLM's extension: {"json" | "regex" | "grammar" | ...}
     logit_bias: dict[str, Any] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     prediction: Any = None
@@ -116,9 +118,7 @@ class _Sampling(BaseModel):
             raise _unsupported("functions", "function calling (functions) is")
         if self.function_call not in (None, "none"):
             raise _unsupported("function_call", "function calling (function_call other than 'none') is")
-        if self.response_format is not None and self.response_format != {"type": "text"}:
-            raise _unsupported("response_format", "response_format other than {\"type\": \"text\"} (JSON mode, "
-                                                  "structured outputs) is")
+        self.structured()
         if self.logit_bias:
             raise _unsupported("logit_bias")
         if self.prediction is not None:
@@ -127,6 +127,38 @@ class _Sampling(BaseModel):
             raise _unsupported("audio", "audio output is")
         if self.modalities is not None and self.modalities != ["text"]:
             raise _unsupported("modalities", "modalities other than [\"text\"] are")
+
+    def structured(self) -> StructuredOutputs | None:
+        """response_format (OpenAI: text, json_object, json_schema) or vLLM's structured_outputs -> the grammar spec.
+        Its grammar is checked against the tokenizer later (see sampling.grammar.check_grammar)."""
+        rf, so = self.response_format, self.structured_outputs
+        if rf is not None and so is not None:
+            raise APIError(400, "give response_format or structured_outputs, not both", param="structured_outputs")
+        if so is not None:
+            unknown = set(so) - {"json", "json_object", "regex", "grammar"}
+            if unknown:
+                raise APIError(400, f"structured_outputs: unknown key '{sorted(unknown)[0]}' (known: grammar, json, "
+                                    "json_object, regex)", param="structured_outputs")
+            try:
+                return StructuredOutputs(**so)
+            except (TypeError, ValueError) as exc:
+                raise APIError(400, f"structured_outputs: {exc}", param="structured_outputs") from None
+        if rf is None:
+            return None
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return StructuredOutputs(json_object=True)
+        if kind == "json_schema":
+            js = rf.get("json_schema")
+            schema = js.get("schema") if isinstance(js, dict) else None
+            if not isinstance(schema, dict):
+                raise APIError(400, "response_format json_schema needs json_schema.schema (a JSON schema object)",
+                               param="response_format.json_schema.schema")
+            return StructuredOutputs(json=schema)
+        raise APIError(400, "response_format.type must be 'text', 'json_object' or 'json_schema'",
+                       param="response_format.type")
 
     def logprobs_count(self) -> int | None:
         """None (no logprobs), or how many most-likely tokens to list beside each emitted token's logprob.
@@ -143,7 +175,7 @@ class _Sampling(BaseModel):
         return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
                               top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or -1,
                               min_p=self.min_p or 0.0, seed=self.seed, stop=stop, ignore_eos=self.ignore_eos,
-                              logprobs=self.logprobs_count())
+                              logprobs=self.logprobs_count(), structured_outputs=self.structured())
 
 
 class ContentPart(BaseModel):
@@ -288,5 +320,6 @@ def speculative_stats(stats: Any, seed_scope: str | None = None) -> dict:
     """The per-request extension field: what speculation did for this request, and `seed_scope` (above)."""
     return {"seed_scope": seed_scope} | {k: getattr(stats, k) for k in
             ("method", "num_speculative_tokens", "draft_steps", "lookup_steps", "draft_tokens", "accepted_tokens",
-             "acceptance_rate", "mean_accepted_length", "accepted_per_position", "target_forwards", "draft_time_s",
+             "acceptance_rate", "mean_accepted_length", "accepted_per_position", "target_forwards", "forced_tokens",
+             "draft_time_s",
              "verify_time_s", "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "policy_reason")}

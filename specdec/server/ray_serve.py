@@ -205,6 +205,9 @@ class RayEngineClient:
         self.has_draft = info["has_draft"]
         self.model_name = info["model_name"]
         await asyncio.to_thread(self.tokenizer.warm)
+        from ..sampling.grammar import warm as warm_grammar
+
+        await asyncio.to_thread(warm_grammar, self.tokenizer)     # the structured-output checks' tokenizer view
 
     def _reports(self) -> dict[str, dict]:
         from .ray_reports import replica_reports

@@ -1,0 +1,156 @@
+"""Structured outputs: the grammar's masks on every verification row keep speculative sampling exact, and the
+tiny pair's constrained outputs parse and validate under every method."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+import torch
+
+from server_utils import running_server
+from specdec import LLM, SamplingParams, SpeculativeConfig
+from specdec.sampling.grammar import StructuredOutputs
+from specdec.sampling.logits import probs_from_logits
+from specdec.sampling.rejection import PAD, verify_sampling_batch
+
+# -- exactness: a prefix-dependent mask (the toy grammar: which tokens may follow which) ----------------------------
+V, N, POSITIONS, TV_BOUND = 24, 200_000, 3, 0.015
+
+
+def _toy(seed):
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(V, V, generator=g) * 1.5
+    draft = target + torch.randn(V, V, generator=g)                  # unconstrained: proposes forbidden tokens
+    allowed = torch.rand(V, V, generator=g) < 0.35                   # row: previous token -> tokens allowed next
+    allowed[torch.arange(V), torch.randint(V, (V,), generator=g)] = True
+    p_c = probs_from_logits(target.masked_fill(~allowed, float("-inf")), temperature=1.0)   # constrained target
+    return p_c, probs_from_logits(draft, temperature=1.0), allowed
+
+
+def _run(P_c, Q, k, seed, stale_mask=None):
+    """Verify k-token drafts from Q against the masked target, row j masked by the state after draft[:j] (as the
+    engine does); `stale_mask` instead masks every row with the state before the draft (a bug to catch)."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = torch.full((N, POSITIONS), PAD, dtype=torch.long)
+    filled = torch.zeros(N, dtype=torch.long)
+    last = torch.zeros(N, dtype=torch.long)
+    while (filled < POSITIONS).any():
+        active = (filled < POSITIONS).nonzero().squeeze(-1)
+        prev0 = prev = last[active]
+        drafts, q_rows, p_rows = [], [], [P_c[prev]]
+        for _ in range(k):
+            q = Q[prev]
+            x = torch.multinomial(q, 1, generator=g).squeeze(-1)
+            drafts.append(x)
+            q_rows.append(q)
+            p_rows.append(P_c[x] if stale_mask is None else stale_mask(prev0, x))
+            prev = x
+        n, emitted = verify_sampling_batch(torch.stack(p_rows, 1), torch.stack(q_rows, 1), torch.stack(drafts, 1), g)
+        for j in range(k + 1):
+            take = (j <= n) & (filled[active] < POSITIONS)
+            rows = active[take]
+            seqs[rows, filled[rows]] = emitted[take, j]
+            filled[rows] += 1
+        last[active] = emitted[torch.arange(len(active)), n]
+    return seqs
+
+
+def _tv(seqs, P):
+    m, tvs = P[0], []
+    for i in range(POSITIONS):
+        tvs.append(0.5 * (torch.bincount(seqs[:, i], minlength=V).double() / N - m.double()).abs().sum().item())
+        m = m @ P
+    return tvs
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_constrained_speculative_sampling_is_exact(k):
+    P_c, Q, allowed = _toy(seed=20 + k)
+    seqs = _run(P_c, Q, k, seed=200 + k)
+    assert all(tv < TV_BOUND for tv in _tv(seqs, P_c))
+    prev = torch.zeros(N, dtype=torch.long)
+    for i in range(POSITIONS):                                        # never a forbidden token
+        assert allowed[prev, seqs[:, i]].all()
+        prev = seqs[:, i]
+
+
+def test_negative_control_stale_grammar_state_fails():
+    P_c, Q, allowed = _toy(seed=23)
+    target = torch.log(P_c.clamp_min(1e-30))
+
+    def stale(prev0, x):       # the next row masked with the mask before the draft, not after x
+        logits = target[x].masked_fill(~allowed[prev0], float("-inf"))
+        bad = ~torch.isfinite(logits).any(-1)
+        logits[bad] = 0.0
+        return torch.softmax(logits, -1)
+
+    assert max(_tv(_run(P_c, Q, 3, seed=203, stale_mask=stale), P_c)) > TV_BOUND
+
+
+# -- the tiny pair ---------------------------------------------------------------------------------------------------
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+          "required": ["name", "age", "tags"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def self_draft(tiny_dirs):
+    return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["target"]), dtype="float32", device="cpu",
+               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3), progress=False)
+
+
+def _gen(llm, method, temperature, seed=0, schema=SCHEMA):
+    spec = "none" if method == "none" else SpeculativeConfig(method=method, num_speculative_tokens=3)
+    params = SamplingParams(max_tokens=120, temperature=temperature, seed=seed,
+                            structured_outputs=StructuredOutputs(json=schema))
+    return llm.generate("def add(a, b):", params, spec=spec)[0]
+
+
+def test_schema_outputs_validate_and_greedy_agrees_across_methods(self_draft):
+    outs = {m: _gen(self_draft, m, 0) for m in ("none", "draft", "ngram")}
+    for m, o in outs.items():
+        assert o.finish_reason == "stop", (m, o.text)
+        jsonschema.validate(json.loads(o.text), SCHEMA)
+    assert outs["draft"].token_ids == outs["none"].token_ids == outs["ngram"].token_ids
+    assert outs["none"].stats.forced_tokens == 0                      # method none: plain constrained decoding
+    assert outs["draft"].stats.forced_tokens > 5                      # keys, quotes and braces came forced
+    for seed in range(4):
+        for m in ("none", "draft", "ngram"):
+            o = _gen(self_draft, m, 1.0, seed=seed)
+            jsonschema.validate(json.loads(o.text), SCHEMA)
+
+
+def test_bad_grammar_is_refused_at_add(self_draft):
+    from specdec.errors import SpecDecError
+
+    with pytest.raises(SpecDecError, match="invalid structured output"):
+        _gen(self_draft, "none", 0, schema={"type": "nope"})
+
+
+@pytest.fixture(scope="module")
+def server(self_draft):
+    with running_server(self_draft, SpeculativeConfig(method="draft", num_speculative_tokens=3)) as (url, state):
+        yield url, state
+
+
+def test_response_format_through_the_openai_client(server):
+    from openai import OpenAI
+
+    url, _ = server
+    client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    msgs = [{"role": "user", "content": "Give me a person as JSON."}]
+    out = client.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=120, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}})
+    jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
+    assert out.model_extra["speculative"]["forced_tokens"] > 0
+    stream = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=120, temperature=0, stream=True,
+                                            response_format={"type": "json_object"})
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert isinstance(json.loads(text), dict)
+    r = httpx.post(url + "/v1/completions", timeout=60, json={"prompt": "x", "max_tokens": 20, "temperature": 0,
+                                                              "structured_outputs": {"regex": "[ab]{3}-[0-9]{2}"}})
+    assert r.status_code == 200 and __import__("re").fullmatch(r"[ab]{3}-[0-9]{2}", r.json()["choices"][0]["text"])
