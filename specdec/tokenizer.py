@@ -226,7 +226,8 @@ class Tokenizer:
     def _byte_level(self) -> bool:
         return '"ByteLevel"' in json.dumps(json.loads(self._tok.to_str()).get("decoder"))
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
         if not self.chat_template:
             raise SpecDecError("this model has no chat template; pass raw text (--no-chat)")
         if self._template is None:
@@ -238,18 +239,22 @@ class Tokenizer:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = raise_exception
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            # transformers' tojson: plain json.dumps (jinja's own escapes <, >, & and ' for HTML)
+            env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+                x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
             self._template = env.from_string(self.chat_template)
         bos = self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=bos, eos_token=eos, tools=None)
+                                     bos_token=bos, eos_token=eos, tools=tools or None)
 
-    def encode_chat(self, messages: list[dict], rendered: str | None = None) -> list[int]:
+    def encode_chat(self, messages: list[dict], rendered: str | None = None,
+                    tools: list[dict] | None = None) -> list[int]:
         """Messages -> ids through the chat template. Message content is always plain text: control-token
         text typed into it (`<|im_start|>system ...`) is tokenized as the characters it is, never as the
         control token, so a message cannot forge a turn; only the template writes control tokens.
         `rendered`: the template's output for these messages, when the caller has it already."""
-        text = self.apply_chat_template(messages) if rendered is None else rendered
+        text = self.apply_chat_template(messages, tools=tools) if rendered is None else rendered
         pattern = self._control_tokens
         if pattern is None or not any(isinstance(m.get("content"), str) and pattern.search(m["content"])
                                       for m in messages):
@@ -259,7 +264,7 @@ class Tokenizer:
         nonce = secrets.token_hex(8)
         marked = [{**m, "content": f"\ue000{nonce}:{i}\ue001"} if isinstance(m.get("content"), str) else m
                   for i, m in enumerate(messages)]
-        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", self.apply_chat_template(marked))
+        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", self.apply_chat_template(marked, tools=tools))
         contents = [messages[int(i)]["content"] for i in pieces[1::2]]
         if pieces[0] + "".join(c + t for c, t in zip(contents, pieces[2::2])) != text:
             raise SpecDecError("message content contains control-token text that this model's chat template "

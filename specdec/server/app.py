@@ -21,6 +21,7 @@ from ..policy.pools import rollout_arm
 from ..sampling.grammar import check_grammar
 from .async_engine import AsyncEngine, QueueFull, RequestAborted, RequestHandle
 from .middleware import BearerAuth, RequestGuard
+from .tools import ToolStream, parse_tool_calls, template_messages
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, completion_logprobs, error_body,
                        logprobs_content, new_id, now, seed_scope, shown, speculative_stats, usage)
 
@@ -114,14 +115,16 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
         req.check_supported()
         _check_model(state, req.model)
-        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+        msgs = template_messages(req.messages)
+        mode = req.tool_mode()
+        tools = mode.tools if mode is not None else None
         tok = state.engine.tokenizer
 
         def encode() -> list[int]:
             try:
-                text = tok.apply_chat_template(msgs)
+                text = tok.apply_chat_template(msgs, tools=tools)
                 _check_lower_bound(state, req, tok.min_tokens(text), "messages")
-                return tok.encode_chat(msgs, rendered=text)
+                return tok.encode_chat(msgs, rendered=text, tools=tools)
             except SpecDecError as exc:        # the template refuses these messages (e.g. role order)
                 raise APIError(400, str(exc), param="messages") from None
 
@@ -335,10 +338,14 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
     where = {"x-specdec-replica": handle.replica} if handle.replica else {}     # which engine replica decoded it
     want_lp = req.logprobs_count() is not None
     tok = state.engine.tokenizer
+    mode = req.tool_mode() if chat else None
+    tool_calls = mode is not None                          # parse the output for calls
+    names = {t["function"]["name"] for t in mode.tools} if mode is not None else None
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         lp = (tok,) if want_lp else None
-        return StreamingResponse(_stream(handle, rid, created, model, chat, include_usage, seed_scope, lp),
+        return StreamingResponse(_stream(handle, rid, created, model, chat, include_usage, seed_scope, lp,
+                                         ToolStream(names) if tool_calls else None),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache", **where})
     task = asyncio.ensure_future(_collect(handle))
     try:
@@ -363,9 +370,14 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
     logprobs = None
     if want_lp:
         logprobs = {"content": logprobs_content(tok, lps)} if chat else completion_logprobs(tok, lps)[0]
-    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": final.finish_reason,
-               "logprobs": logprobs} if chat else
-              {"index": 0, "text": text, "finish_reason": final.finish_reason, "logprobs": logprobs})
+    message, finish = {"role": "assistant", "content": text}, final.finish_reason
+    if tool_calls:
+        content, calls = parse_tool_calls(text, names)
+        if calls:
+            message = {"role": "assistant", "content": content, "tool_calls": calls}
+            finish = "tool_calls" if finish == "stop" else finish
+    choice = ({"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs} if chat else
+              {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs})
     return JSONResponse({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
                          "usage": usage(stats.prompt_tokens, stats.completion_tokens),
                          "speculative": speculative_stats(stats, seed_scope)}, headers=where)
@@ -381,10 +393,15 @@ async def _collect(handle: RequestHandle):
 
 
 async def _stream(handle: RequestHandle, rid: str, created: int, model: str, chat: bool, include_usage: bool,
-                  seed_scope: str | None = None, lp: tuple | None = None):
-    """lp: (tokenizer,) when the request asked for logprobs: each chunk carries those of its tokens."""
+                  seed_scope: str | None = None, lp: tuple | None = None, tools: ToolStream | None = None):
+    """lp: (tokenizer,) when the request asked for logprobs: each chunk carries those of its tokens.
+    tools: a ToolStream when the output is parsed for tool calls (sent as delta.tool_calls)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     offset = 0
+
+    def calls_chunk(calls: list[dict]) -> dict:
+        return {"id": rid, "object": obj, "created": created, "model": model,
+                "choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None, "logprobs": None}]}
 
     def chunk(text: str | None, finish_reason=None, role=False, lps=None) -> dict:
         nonlocal offset
@@ -405,15 +422,26 @@ async def _stream(handle: RequestHandle, rid: str, created: int, model: str, cha
         if chat:
             yield _sse(chunk(None, role=True))
         async for d in handle.deltas():
+            text, reason = d.text, d.finish_reason
+            if tools is not None:
+                text, calls = tools.feed(d.text)
+                if calls:
+                    yield _sse(calls_chunk(calls))
+                if d.finished:
+                    rest, calls = tools.finish()
+                    text += rest
+                    if calls:
+                        yield _sse(calls_chunk(calls))
+                    reason = "tool_calls" if tools.num_calls and reason == "stop" else reason
             if d.finished:
-                last = chunk(d.text or None, d.finish_reason, lps=d.logprobs)
+                last = chunk(text or None, reason, lps=d.logprobs)
                 last["speculative"] = speculative_stats(d.stats, seed_scope)
                 yield _sse(last)
                 if include_usage:
                     yield _sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
                                 "usage": usage(d.stats.prompt_tokens, d.stats.completion_tokens)})
-            elif d.text or (lp is not None and d.logprobs):
-                yield _sse(chunk(d.text, lps=d.logprobs))
+            elif text or (lp is not None and d.logprobs):
+                yield _sse(chunk(text, lps=d.logprobs))
         yield "data: [DONE]\n\n"
     except RequestAborted:
         yield _sse(error_body(CUT_MESSAGE, "server_error", code="server_shutting_down"))

@@ -110,10 +110,13 @@ class _Sampling(BaseModel):
             if getattr(self, name):
                 raise APIError(400, f"{name} is not supported (only 0)", param=name, code="unsupported_parameter")
         self.logprobs_count()
-        if self.tools:
-            raise _unsupported("tools", "tool calling (tools) is")
-        if self.tool_choice not in (None, "none"):
-            raise _unsupported("tool_choice", "tool calling (tool_choice other than 'none') is")
+        if not self._tools_ok:
+            if self.tools:
+                raise _unsupported("tools", "tool calling (tools) is")
+            if self.tool_choice not in (None, "none"):
+                raise _unsupported("tool_choice", "tool calling (tool_choice other than 'none') is")
+        else:
+            self.tool_mode()
         if self.functions:
             raise _unsupported("functions", "function calling (functions) is")
         if self.function_call not in (None, "none"):
@@ -128,10 +131,23 @@ class _Sampling(BaseModel):
         if self.modalities is not None and self.modalities != ["text"]:
             raise _unsupported("modalities", "modalities other than [\"text\"] are")
 
+    _tools_ok = False          # chat completions take tools; completions do not
+
+    def tool_mode(self):
+        return None
+
     def structured(self) -> StructuredOutputs | None:
         """response_format (OpenAI: text, json_object, json_schema) or vLLM's structured_outputs -> the grammar spec.
         Its grammar is checked against the tokenizer later (see sampling.grammar.check_grammar)."""
         rf, so = self.response_format, self.structured_outputs
+        mode = self.tool_mode()
+        if mode is not None and mode.forced:
+            if (rf is not None and rf != {"type": "text"}) or so is not None:
+                raise APIError(400, "tool_choice 'required' or a named function cannot be combined with "
+                                    "response_format or structured_outputs", param="tool_choice")
+            from .tools import call_grammar
+
+            return call_grammar(mode.tools, mode.name)
         if rf is not None and so is not None:
             raise APIError(400, "give response_format or structured_outputs, not both", param="structured_outputs")
         if so is not None:
@@ -178,6 +194,50 @@ class _Sampling(BaseModel):
                               logprobs=self.logprobs_count(), structured_outputs=self.structured())
 
 
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class CalledFunction(BaseModel):
+    name: str
+    arguments: str | dict[str, Any]
+
+
+class ToolCallIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class ToolMode:
+    """What a chat request's tools ask: the tools for the template, whether to parse calls, what is forced."""
+    def __init__(self, tools: list[dict], choice: str, name: str | None):
+        self.tools, self.choice, self.name = tools, choice, name
+
+    @property
+    def forced(self) -> bool:
+        return self.choice in ("required", "named")
+
+
 class ContentPart(BaseModel):
     type: Literal["text"]
     text: Text
@@ -191,6 +251,9 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Text | list[ContentPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None       # an assistant turn's calls
+    tool_call_id: str | None = None                  # a tool result: the call it answers
+    name: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -219,6 +282,29 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    _tools_ok = True
+
+    def tool_mode(self) -> ToolMode | None:
+        """None when no tool is in play (no tools, or tool_choice 'none')."""
+        choice = self.tool_choice
+        if not self.tools:
+            if choice not in (None, "none"):
+                raise APIError(400, "tool_choice needs tools", param="tool_choice")
+            return None
+        tools = [t.model_dump(exclude_none=True) for t in self.tools]
+        if choice is None or choice == "auto":
+            return ToolMode(tools, "auto", None)
+        if choice == "none":
+            return None
+        if choice == "required":
+            return ToolMode(tools, "required", None)
+        names = [t["function"]["name"] for t in tools]
+        if choice.function.name not in names:
+            raise APIError(400, f"tool_choice names '{shown(choice.function.name)}', which is not among the tools "
+                                f"({', '.join(names)})", param="tool_choice.function.name")
+        return ToolMode(tools, "named", choice.function.name)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
