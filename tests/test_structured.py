@@ -154,3 +154,25 @@ def test_response_format_through_the_openai_client(server):
     r = httpx.post(url + "/v1/completions", timeout=60, json={"prompt": "x", "max_tokens": 20, "temperature": 0,
                                                               "structured_outputs": {"regex": "[ab]{3}-[0-9]{2}"}})
     assert r.status_code == 200 and __import__("re").fullmatch(r"[ab]{3}-[0-9]{2}", r.json()["choices"][0]["text"])
+
+
+def test_bench_serve_validates_structured_answers(server, tmp_path):
+    from specdec.bench.serve import ServeBenchConfig, render_serve_report, run_serve_bench, schema_valid
+
+    url, _ = server
+    result = run_serve_bench(ServeBenchConfig(endpoints=[url], dataset="structured", concurrency=[2], max_tokens=120,
+                                              temperature=0, out=str(tmp_path)), progress=False)
+    row = result["summary"][0]
+    assert row["errors"] == 0, [r["error"] for r in result["requests"] if r["error"]][:2]
+    valid, total = map(int, row["schema_valid"].split("/"))
+    assert total == 20
+    recs = [r for r in result["requests"] if r["prompt_index"] >= 0]
+    # what the bench counts as valid is exactly what parses and validates (answers cut by max_tokens do not)
+    assert valid == sum(r["schema_valid"] for r in recs)
+    assert all(r["schema_valid"] == (r["finish_reason"] == "stop") for r in recs)
+    assert row["forced_share"] > 0.1
+    assert "| valid | forced share |" in render_serve_report(result, [])
+    rf = {"type": "json_schema", "json_schema": {"schema": SCHEMA}}
+    assert schema_valid('{"name": "a", "age": 3, "tags": []}', rf) is True
+    assert schema_valid('{"name": "a", "age": 300, "tags": []}', rf) is False
+    assert schema_valid('{"name": "a"', rf) is False and schema_valid("x", {"type": "text"}) is None

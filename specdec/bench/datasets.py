@@ -17,12 +17,17 @@ SHAREGPT_MAX_CHARS = 4000       # first turns longer than this are skipped (a ch
 
 
 def load_prompts(source: str, seed: int = 0) -> list[dict]:
-    """`builtin`, `sharegpt[:N]` or a path to a JSONL file; several joined with commas (`builtin,sharegpt:32`)
+    """`builtin`, `structured` (20 JSON-schema requests), `sharegpt[:N]` or a path to a JSONL file (lines may carry
+    a `response_format`); several joined with commas (`builtin,sharegpt:32`)
     are concatenated in that order."""
     if "," in source and not Path(source).is_file():
         return [p for part in source.split(",") if part.strip() for p in load_prompts(part.strip(), seed)]
     if source == "builtin":
         return [dict(p) for p in BUILTIN_PROMPTS]
+    if source == "structured":
+        from .structured_prompts import STRUCTURED_PROMPTS
+
+        return [dict(p) for p in STRUCTURED_PROMPTS]
     if source == "sharegpt" or source.startswith("sharegpt:"):
         n = SHAREGPT_DEFAULT_N
         if ":" in source:
@@ -68,7 +73,10 @@ def _check_request(obj, where: str) -> dict:
     category = obj.get("category", "default")
     if not isinstance(category, str) or not category:
         raise SpecDecError(f"{where}: 'category' must be a non-empty string")
-    return {"messages": msgs, "category": category}
+    rf = obj.get("response_format")
+    if rf is not None and not isinstance(rf, dict):
+        raise SpecDecError(f"{where}: 'response_format' must be an object")
+    return {"messages": msgs, "category": category, **({"response_format": rf} if rf else {})}
 
 
 def _json_array_items(text: str):
