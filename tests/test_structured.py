@@ -123,6 +123,54 @@ def test_schema_outputs_validate_and_greedy_agrees_across_methods(self_draft):
             jsonschema.validate(json.loads(o.text), SCHEMA)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_draft_model_proposes_only_allowed_tokens(tiny_dirs, temperature):
+    """The tiny random draft, left alone, proposes tokens the schema forbids; with the grammar it drafts from the
+    masked distribution and leaves the grammar state as it found it."""
+    from server_utils import draft_llm
+    from specdec.proposers.base import ProposalContext
+    from specdec.sampling.grammar import Constraint
+
+    llm = draft_llm(tiny_dirs)
+    tok = llm.tokenizer
+    prompt = tok.encode("def add(a, b):")
+    so = StructuredOutputs(json=SCHEMA)
+    params = SamplingParams(temperature=temperature, seed=1)
+    for prefix in ([], tok.encode('{"name": "ab')):
+        c = Constraint(so, tok)
+        c.commit(prefix)
+        g = torch.Generator().manual_seed(0)
+        free = llm.engine.draft.propose([ProposalContext(10_000 + len(prefix), prompt + prefix, params, g)], [6])[0]
+        masked = llm.engine.draft.propose([ProposalContext(20_000 + len(prefix), prompt + prefix, params, g, c)],
+                                          [6])[0]
+        assert len(masked) == 6 and c.valid_prefix(masked.token_ids.tolist()) == 6
+        assert c.valid_prefix(free.token_ids.tolist()) < 6                  # the control: unmasked, it strays
+        fresh = Constraint(so, tok)
+        fresh.commit(prefix)
+        assert torch.equal(c.mask(), fresh.mask())                          # the state rolled back
+        if masked.q_draft is not None:                                      # q is the masked distribution
+            for j, t in enumerate(masked.token_ids.tolist()):
+                assert masked.q_draft[j, t] > 0
+
+
+def test_an_end_token_in_a_draft_leaves_the_grammar_state_whole(self_draft):
+    """Rows are masked by consuming the draft and rolling back; an end token is never consumed (a matcher rolled
+    back from the stopped state it leads to no longer accepts the same tokens: found on the real pair)."""
+    from specdec.sampling.grammar import Constraint
+
+    tok = self_draft.tokenizer
+    ids = tok.encode('{"name": "a", "age": 3, "tags": []}')
+    eos = tok.eos_token_ids[0]
+    c = Constraint(StructuredOutputs(json=SCHEMA), tok)
+    c.commit(ids[:-1])
+    before = c.mask()
+    rows = c.row_masks([ids[-1], eos, eos, ids[0]])
+    assert rows[1].nonzero().flatten().tolist() == [eos] and rows[0][ids[-1]]
+    assert torch.equal(c.mask(), before)
+    c.commit([ids[-1], eos])
+    assert not c.matcher.is_error() and c.mask().nonzero().flatten().tolist() == [eos]
+
+
 def test_bad_grammar_is_refused_at_add(self_draft):
     from specdec.errors import SpecDecError
 

@@ -144,3 +144,26 @@ def test_required_calls_one_of_the_tools(server):
 def test_bad_tool_requests_are_400(server, body, param):
     r = httpx.post(server + "/v1/chat/completions", json={"messages": MSGS, **body}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.real_models
+def test_real_pair_tool_flow():
+    """The default pair (bf16, method auto) through the openai client: it calls the tool on its own (auto), the
+    result goes back, and it answers in text."""
+    from specdec import LLM
+
+    llm = LLM(speculative=SpeculativeConfig(method="auto"), progress=False)
+    with running_server(llm, SpeculativeConfig(method="auto"), name="qwen") as (url, _):
+        client = _client(url)
+        msgs = [{"role": "user", "content": "What's the weather like in Paris right now?"}]
+        out = client.chat.completions.create(model="qwen", messages=msgs, tools=[WEATHER], max_tokens=96,
+                                             temperature=0)
+        assert out.choices[0].finish_reason == "tool_calls", out.choices[0].message
+        tc = out.choices[0].message.tool_calls[0]
+        assert tc.function.name == "get_weather" and json.loads(tc.function.arguments)["city"] == "Paris"
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [tc.model_dump()]},
+                 {"role": "tool", "tool_call_id": tc.id, "content": '{"temperature_c": 18, "sky": "cloudy"}'}]
+        stream = client.chat.completions.create(model="qwen", messages=msgs, tools=[WEATHER], tool_choice="none",
+                                                max_tokens=48, temperature=0, stream=True)
+        answer = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert "18" in answer, answer

@@ -271,8 +271,8 @@ class LLMEngine:
                 elif k > 0 and self.draft is not None:
                     to_draft.append((i, k))
         if to_draft:
-            ctxs = [ProposalContext(seqs[i].seq_id, seqs[i].token_ids, seqs[i].params, seqs[i].generator)
-                    for i, _ in to_draft]
+            ctxs = [ProposalContext(seqs[i].seq_id, seqs[i].token_ids, seqs[i].params, seqs[i].generator,
+                                    seqs[i].constraint) for i, _ in to_draft]
             for (i, _), draft in zip(to_draft, self.draft.propose(ctxs, [k for _, k in to_draft])):
                 plans[i].draft = draft
         return plans

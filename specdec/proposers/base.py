@@ -20,6 +20,7 @@ class ProposalContext:
     token_ids: list[int]                   # prompt + output so far (the last one not yet verified-in)
     params: SamplingParams
     generator: torch.Generator | None
+    constraint: object | None = None       # sampling.grammar.Constraint: draft only what the grammar allows
 
 
 @dataclass

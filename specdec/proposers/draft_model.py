@@ -94,19 +94,28 @@ class DraftModelProposer(Proposer):
                     nxt_owners.append(i)
             spans, owners = nxt, nxt_owners
             step += 1
+        for ctx in ctxs:                          # the grammar state goes back to the committed tokens
+            if ctx.constraint is not None:
+                ctx.constraint.rollback_draft()
         # each cache now holds its committed tokens + its draft but the last (fed next time if accepted)
         return [Draft(torch.tensor(d, dtype=torch.long), torch.stack(q) if q else None)
                 for d, q in zip(drafted, q_rows)]
 
     @staticmethod
     def _sample(logits: torch.Tensor, ctx: ProposalContext, q_rows: list) -> int:
-        # logits: [1, V]
-        p = ctx.params
+        # logits: [1, V]; a constrained sequence drafts from the grammar-masked distribution (q is that one)
+        p, c = ctx.params, ctx.constraint
+        if c is not None:
+            logits = logits.masked_fill(~c.mask().to(logits.device)[None], float("-inf"))
         if p.greedy:
-            return int(logits.argmax(-1))
-        q = probs_from_logits(logits, p.temperature, p.top_k, p.top_p, p.min_p)
-        q_rows.append(q[0])
-        return int(sample(q, ctx.generator))
+            tok = int(logits.argmax(-1))
+        else:
+            q = probs_from_logits(logits, p.temperature, p.top_k, p.top_p, p.min_p)
+            q_rows.append(q[0])
+            tok = int(sample(q, ctx.generator))
+        if c is not None:
+            c.advance(tok)
+        return tok
 
     def observe(self, result: VerifyResult) -> None:
         kv = self.kv.caches.get(result.seq_id)

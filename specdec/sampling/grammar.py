@@ -7,7 +7,8 @@ transformers at run time). Each constrained request holds a `Constraint` (one ma
   gets the mask of the state after d1..dj (consumed, then rolled back), so the target's distribution p is the
   constrained one at every position; the rejection sampler is unchanged, and its exactness holds for any draft
   distribution q, so the output is distributed as plain constrained sampling from the target;
-- a lookup guess is cut at its first forbidden token (a forbidden token would be rejected for certain);
+- the draft model drafts from the masked distribution (its q is that one), a lookup guess is cut at its first
+  forbidden token (a forbidden token would be rejected for certain): no proposer proposes a forbidden token;
 - where the grammar forces the next tokens (a JSON key, a closing brace), they are proposed as the draft without
   asking any proposer ("forced runs"): one-hot proposals, accepted with the constrained p(token), which is 1
   unless another tokenization of the same text is also allowed;
@@ -16,6 +17,7 @@ transformers at run time). Each constrained request holds a `Constraint` (one ma
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import threading
 from dataclasses import dataclass
@@ -99,9 +101,28 @@ class Constraint:
 
         self.vocab_size = tokenizer.vocab_size
         self.eos_ids = list(tokenizer.eos_token_ids)
+        self.eos_set = frozenset(self.eos_ids)
+        self._drafted = 0
         self.matcher = llg.LLMatcher(ll_tokenizer(tokenizer), grammar_text or check_grammar(spec, tokenizer))
         if self.matcher.is_error():
             raise SpecDecError(f"invalid structured output: {self.matcher.get_error()}")
+
+    # An end-of-sequence token is never consumed: it ends the request, and a matcher rolled back from the stopped
+    # state it leads to is not the matcher it was (llguidance 1.9: measured, the next commit then fails).
+
+    def advance(self, token: int) -> None:
+        """Consume one drafted token; `rollback_draft` undoes what drafting consumed."""
+        if token not in self.eos_set:
+            self.matcher.consume_token(token)
+            self._drafted += 1
+
+    def rollback_draft(self) -> None:
+        if self._drafted:
+            self.matcher.rollback(self._drafted)
+            self._drafted = 0
+
+    def mask(self) -> torch.Tensor:
+        return self._mask()
 
     def _mask(self) -> torch.Tensor:
         """[V] bool: the tokens allowed next."""
@@ -122,18 +143,20 @@ class Constraint:
     def row_masks(self, draft: list[int]) -> torch.Tensor:
         """[len(draft) + 1, V] bool: the mask of each verification row (row j: after draft[:j])."""
         n_ok = self.valid_prefix(draft)
+        n_ok = next((j for j, t in enumerate(draft[:n_ok]) if t in self.eos_set), n_ok)
         masks = [self._mask()]
         for j in range(len(draft)):
             if j < n_ok:
                 self.matcher.consume_token(draft[j])
                 masks.append(self._mask())
-            else:                               # unreachable rows: draft[n_ok] is rejected at row n_ok for sure
+            else:   # unreachable rows: draft[n_ok] is rejected at row n_ok for sure, or is an end that ends it
                 masks.append(masks[-1])
         if n_ok:
             self.matcher.rollback(n_ok)
         return torch.stack(masks)
 
     def commit(self, tokens: list[int]) -> None:
+        tokens = list(itertools.takewhile(lambda t: t not in self.eos_set, tokens))
         if tokens:
             self.matcher.consume_tokens(tokens)
 
