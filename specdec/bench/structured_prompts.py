@@ -42,7 +42,7 @@ _CASES = [
                                                   "genres": _arr(_S, 1, 3), "rating": _N})),
     ("Book a flight from Paris to Tokyo for one adult (make up the details).",
      _obj({"from": _S, "to": _S, "passengers": _I, "class": {"enum": ["economy", "business", "first"]},
-           "flight_number": _S})),
+           "flight_number": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2,4}$"}})),
     ("File a bug report: the login button does nothing on Safari.",
      _obj({"title": _S, "severity": {"enum": ["low", "medium", "high", "critical"]}, "steps": _arr(_S, 1, 5),
            "browser": _S})),
