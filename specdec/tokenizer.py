@@ -200,9 +200,9 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def tokenizer_json(self) -> str:
-        """The whole tokenizer as HF tokenizers' JSON (what llguidance builds its view from)."""
-        return self._tok.to_str()
+    def control_token_ids(self) -> list[int]:
+        """Ids of the control (special) tokens: `<|im_end|>` and the like, not added text tokens like `<tool_call>`."""
+        return sorted(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)

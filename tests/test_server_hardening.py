@@ -229,7 +229,7 @@ BAD = [
     (CHAT, {"messages": MSG, "seed": -(2 ** 63) - 1}, "seed"),
     (COMPLETIONS, {"prompt": "hi", "seed": 2 ** 63}, "seed"),
     # 6. were silently ignored
-    (CHAT, {"messages": MSG, "tools": [TOOL]}, "tools"),
+    (COMPLETIONS, {"prompt": "hi", "tools": [TOOL]}, "tools"),                         # chat only
     (CHAT, {"messages": MSG, "tool_choice": "auto"}, "tool_choice"),
     (CHAT, {"messages": MSG, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     (CHAT, {"messages": MSG, "functions": [TOOL["function"]]}, "functions"),
@@ -275,8 +275,8 @@ def test_the_error_messages_say_what_is_wrong(server):
     r = _post(url, {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
                                                                {"type": "image_url", "image_url": {"url": "x"}}]}]})
     assert "image input is not supported" in _error(r, 400, "messages.0.content")["message"]
-    r = _post(url, {"messages": MSG, "tools": [TOOL]})
-    assert _error(r, 400, "tools")["code"] == "unsupported_parameter"
+    r = _post(url, {"messages": MSG, "functions": [TOOL["function"]]})
+    assert _error(r, 400, "functions")["code"] == "unsupported_parameter"
     assert "surrogate" in _error(_post(url, b'{"prompt": "\\ud800"}', path=COMPLETIONS), 400)["message"]
     assert "JSON object" in _error(_post(url, b"[1, 2]"), 400, None)["message"]
 

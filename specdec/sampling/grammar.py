@@ -73,10 +73,26 @@ def ll_tokenizer(tokenizer):
     with _lock:
         lt = _ll_tokenizers.get(key)
         if lt is None:
-            lt = llg.LLTokenizer(tokenizer.tokenizer_json(), n_vocab=tokenizer.vocab_size,
+            lt = llg.LLTokenizer(llg.TokenizerWrapper(_TokenBytes(tokenizer)), n_vocab=tokenizer.vocab_size,
                                  eos_token=list(tokenizer.eos_token_ids))
             _ll_tokenizers[key] = lt
     return lt
+
+
+class _TokenBytes:
+    """Our tokenizer as llguidance's TokenizerWrapper reads it: each token's bytes, and which tokens are control
+    tokens. (Built from the tokenizer JSON instead, llguidance 1.9 takes every added token for a control token:
+    Qwen's `<tool_call>`, plain text to the tokenizer, could then not match the text "<tool_call>".)"""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
+        self.bos_token_id = tokenizer.bos_token_id
+        self.tokens = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
+        self.special_token_ids = tokenizer.control_token_ids()
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text)
 
 
 def check_grammar(spec: StructuredOutputs, tokenizer) -> str:
@@ -142,8 +158,8 @@ class Constraint:
 
     def row_masks(self, draft: list[int]) -> torch.Tensor:
         """[len(draft) + 1, V] bool: the mask of each verification row (row j: after draft[:j])."""
-        n_ok = self.valid_prefix(draft)
-        n_ok = next((j for j, t in enumerate(draft[:n_ok]) if t in self.eos_set), n_ok)
+        n_valid = self.valid_prefix(draft)
+        n_ok = next((j for j, t in enumerate(draft[:n_valid]) if t in self.eos_set), n_valid)
         masks = [self._mask()]
         for j in range(len(draft)):
             if j < n_ok:
@@ -153,7 +169,10 @@ class Constraint:
                 masks.append(masks[-1])
         if n_ok:
             self.matcher.rollback(n_ok)
-        return torch.stack(masks)
+        out = torch.stack(masks)
+        if n_valid < len(draft) and out[n_valid].sum() > 1:
+            out[n_valid, draft[n_valid]] = False     # what the matcher would not consume is never accepted
+        return out
 
     def commit(self, tokens: list[int]) -> None:
         tokens = list(itertools.takewhile(lambda t: t not in self.eos_set, tokens))
