@@ -20,6 +20,7 @@ import functools
 import itertools
 import json
 import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +62,7 @@ class StructuredOutputs:
         return llg.LLMatcher.grammar_from_regex(self.regex)
 
 
-_ll_tokenizers: dict[int, object] = {}
+_ll_tokenizers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # our Tokenizer -> llguidance's
 _lock = threading.Lock()
 
 
@@ -69,13 +70,12 @@ def ll_tokenizer(tokenizer):
     """llguidance's view of our tokenizer (built once per tokenizer: ~1 s for a 150k vocabulary)."""
     import llguidance as llg
 
-    key = id(tokenizer)
     with _lock:
-        lt = _ll_tokenizers.get(key)
+        lt = _ll_tokenizers.get(tokenizer)
         if lt is None:
             lt = llg.LLTokenizer(llg.TokenizerWrapper(_TokenBytes(tokenizer)), n_vocab=tokenizer.vocab_size,
                                  eos_token=list(tokenizer.eos_token_ids))
-            _ll_tokenizers[key] = lt
+            _ll_tokenizers[tokenizer] = lt
     return lt
 
 
