@@ -78,7 +78,12 @@ SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias
             } else {
                 for (int j = 0; j < NREG; ++j) W[j] = _mm512_loadu_si512(tile + 64 * j);
             }
-            const __m512i vsc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w.sc + (cb * ng + g) * 16)));
+            // 4-bit codes in groups of 32: the group scale, per column in both int16 halves of its lane, and
+            // S += d0 * sc + d1 * sc in one vpdpwssd (each chain covers 16 k: |d| <= 16 * 15 * 127 = 30480 fits
+            // int16; the sum is the same exact int32 as (d0 + d1) * sc, which the portable kernel computes)
+            const __m512i sc32 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w.sc + (cb * ng + g) * 16)));
+            const __m512i vsc2 = _mm512_or_si512(_mm512_and_si512(sc32, _mm512_set1_epi32(0xFFFF)),
+                                                 _mm512_slli_epi32(sc32, 16));          // (sc, sc) as int16 pairs
             for (int r = 0; r < R; ++r) {
                 const int8_t* ar = x.a + (r0 + r) * K + g * GROUP;
                 __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();   // two chains for ILP
@@ -86,7 +91,12 @@ SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias
                     d0 = _mm512_dpbusd_epi32(d0, W[j], bcast4(ar + 4 * j));
                     d1 = _mm512_dpbusd_epi32(d1, W[j + 1], bcast4(ar + 4 * j + 4));
                 }
-                S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), vsc));
+                if constexpr (BITS == 4 && GROUP == 32) {
+                    const __m512i pair = _mm512_mask_blend_epi16(0xAAAAAAAA, d0, _mm512_slli_epi32(d1, 16));
+                    S[r] = _mm512_dpwssd_epi32(S[r], pair, vsc2);
+                } else {                         // 6- and 8-bit codes: the chains' sums exceed int16
+                    S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), sc32));
+                }
             }
         }
         // Mn = sum_g mn_g * asum_g: two groups per instruction (int16 pairs), a last odd group alone.
