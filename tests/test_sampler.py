@@ -21,19 +21,21 @@ def _tables(seed, temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0):
     return probs_from_logits(target_logits, **kw), probs_from_logits(draft_logits, **kw)
 
 
-def _run(P, Q, k, seed, sampler=verify_sampling_batch, use_q=True):
+def _run(P, Q, k, seed, sampler=verify_sampling_batch, use_q=True, p_row=None):
+    """p_row(prev0, x): the target row verified after draft token x (default P[x]); prev0 is the token before
+    the draft (structured outputs use it for a negative control)."""
     g = torch.Generator().manual_seed(seed)
     seqs = torch.full((N, POSITIONS), PAD, dtype=torch.long)
     filled = torch.zeros(N, dtype=torch.long)
     last = torch.zeros(N, dtype=torch.long)  # context token 0
     while (filled < POSITIONS).any():
         active = (filled < POSITIONS).nonzero().squeeze(-1)
-        prev = last[active]
+        prev0 = prev = last[active]
         drafts, q_rows, p_rows = [], [], [P[prev]]
         for _ in range(k):
             q = Q[prev]
             x = torch.multinomial(q, 1, generator=g).squeeze(-1)
-            drafts.append(x); q_rows.append(q); p_rows.append(P[x]); prev = x
+            drafts.append(x); q_rows.append(q); p_rows.append(P[x] if p_row is None else p_row(prev0, x)); prev = x
         n, emitted = sampler(torch.stack(p_rows, 1), torch.stack(q_rows, 1) if use_q else None,
                              torch.stack(drafts, 1), g)
         for j in range(k + 1):

@@ -13,10 +13,10 @@ from server_utils import running_server
 from specdec import LLM, SamplingParams, SpeculativeConfig
 from specdec.sampling.grammar import StructuredOutputs
 from specdec.sampling.logits import probs_from_logits
-from specdec.sampling.rejection import PAD, verify_sampling_batch
+from test_sampler import N, POSITIONS, TV_BOUND, V, _run, _tv
 
-# -- exactness: a prefix-dependent mask (the toy grammar: which tokens may follow which) ----------------------------
-V, N, POSITIONS, TV_BOUND = 24, 200_000, 3, 0.015
+# -- exactness: a prefix-dependent mask (the toy grammar: which tokens may follow which), verified as the engine does:
+# row j masked by the state after the draft's first j tokens, the draft itself unconstrained ----------------------
 
 
 def _toy(seed):
@@ -27,42 +27,6 @@ def _toy(seed):
     allowed[torch.arange(V), torch.randint(V, (V,), generator=g)] = True
     p_c = probs_from_logits(target.masked_fill(~allowed, float("-inf")), temperature=1.0)   # constrained target
     return p_c, probs_from_logits(draft, temperature=1.0), allowed
-
-
-def _run(P_c, Q, k, seed, stale_mask=None):
-    """Verify k-token drafts from Q against the masked target, row j masked by the state after draft[:j] (as the
-    engine does); `stale_mask` instead masks every row with the state before the draft (a bug to catch)."""
-    g = torch.Generator().manual_seed(seed)
-    seqs = torch.full((N, POSITIONS), PAD, dtype=torch.long)
-    filled = torch.zeros(N, dtype=torch.long)
-    last = torch.zeros(N, dtype=torch.long)
-    while (filled < POSITIONS).any():
-        active = (filled < POSITIONS).nonzero().squeeze(-1)
-        prev0 = prev = last[active]
-        drafts, q_rows, p_rows = [], [], [P_c[prev]]
-        for _ in range(k):
-            q = Q[prev]
-            x = torch.multinomial(q, 1, generator=g).squeeze(-1)
-            drafts.append(x)
-            q_rows.append(q)
-            p_rows.append(P_c[x] if stale_mask is None else stale_mask(prev0, x))
-            prev = x
-        n, emitted = verify_sampling_batch(torch.stack(p_rows, 1), torch.stack(q_rows, 1), torch.stack(drafts, 1), g)
-        for j in range(k + 1):
-            take = (j <= n) & (filled[active] < POSITIONS)
-            rows = active[take]
-            seqs[rows, filled[rows]] = emitted[take, j]
-            filled[rows] += 1
-        last[active] = emitted[torch.arange(len(active)), n]
-    return seqs
-
-
-def _tv(seqs, P):
-    m, tvs = P[0], []
-    for i in range(POSITIONS):
-        tvs.append(0.5 * (torch.bincount(seqs[:, i], minlength=V).double() / N - m.double()).abs().sum().item())
-        m = m @ P
-    return tvs
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -86,7 +50,7 @@ def test_negative_control_stale_grammar_state_fails():
         logits[bad] = 0.0
         return torch.softmax(logits, -1)
 
-    assert max(_tv(_run(P_c, Q, 3, seed=203, stale_mask=stale), P_c)) > TV_BOUND
+    assert max(_tv(_run(P_c, Q, 3, seed=203, p_row=stale), P_c)) > TV_BOUND
 
 
 # -- the tiny pair ---------------------------------------------------------------------------------------------------
