@@ -13,8 +13,8 @@ from ..errors import SpecDecError
 from .prompts import BUILTIN_PROMPTS
 
 SHAREGPT_DEFAULT_N = 16
-SHAREGPT_MAX_CHARS = 4000
-HUMANEVAL_N = 164               # all of HumanEval unless humaneval:N       # first turns longer than this are skipped (a cheap stand-in for a token limit)
+SHAREGPT_MAX_CHARS = 4000       # first turns longer than this are skipped (a cheap stand-in for a token limit)
+HUMANEVAL_N = 164               # all of HumanEval unless humaneval:N
 
 
 def load_prompts(source: str, seed: int = 0) -> list[dict]:

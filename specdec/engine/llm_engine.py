@@ -207,6 +207,8 @@ class LLMEngine:
         for (seq, plan, lg), (num_accepted, emitted) in zip(sampling, results):
             try:
                 committed = self._commit(seq, plan, num_accepted, emitted, t0, t1, t2)
+                if seq.constraint is not None:
+                    seq.constraint.commit(committed)
                 lps = None
                 if seq.params.logprobs is not None:     # row i of lg is the distribution emitted[i] came from
                     lps = token_logprobs(lg[:len(committed), :V], committed, seq.params.logprobs)
@@ -288,10 +290,7 @@ class LLMEngine:
         stats = seq.stats
         if plan is None:                                  # the first token, sampled from the prompt's last row
             stats.prefill_time_s += t2 - t0
-            committed = seq.append(emitted)
-            if seq.constraint is not None:
-                seq.constraint.commit(committed)
-            return committed
+            return seq.append(emitted)
         # the newest token and the accepted drafts now have K/V; the emitted last token does not
         seq.num_computed += 1 + num_accepted
         self.kv.commit(seq.seq_id, seq.num_computed)     # rejected drafts' K/V is simply not counted
@@ -314,8 +313,6 @@ class LLMEngine:
                                min(len(guess), len(emitted)))
             ctl.observe(plan.source, num_draft, num_accepted, plan.match_len, len(plan.guess), matched)
         committed = seq.append(emitted)
-        if seq.constraint is not None:
-            seq.constraint.commit(committed)
         if self.draft is not None and seq.spec.method in ("draft", "auto"):
             self.draft.observe(VerifyResult(seq.seq_id, num_draft, num_accepted, len(seq.token_ids)))
         return committed

@@ -6,6 +6,7 @@ import torch
 from ..errors import SpecDecError
 from ..models.qwen2 import Transformer
 from ..models.runner import Span, forward_spans
+from ..sampling.grammar import apply_masks
 from ..sampling.logits import probs_from_logits, sample
 from ..tokenizer import Tokenizer
 from .base import Draft, ProposalContext, Proposer, VerifyResult
@@ -106,7 +107,7 @@ class DraftModelProposer(Proposer):
         # logits: [1, V]; a constrained sequence drafts from the grammar-masked distribution (q is that one)
         p, c = ctx.params, ctx.constraint
         if c is not None:
-            logits = logits.masked_fill(~c.mask().to(logits.device)[None], float("-inf"))
+            logits = apply_masks(logits, c.mask()[None])
         if p.greedy:
             tok = int(logits.argmax(-1))
         else:

@@ -16,7 +16,6 @@ transformers at run time). Each constrained request holds a `Constraint` (one ma
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import threading
@@ -95,14 +94,18 @@ class _TokenBytes:
         return self._tokenizer.encode(text)
 
 
+def _grammar_text(spec: StructuredOutputs) -> str:
+    try:
+        return spec.grammar_text()
+    except (ValueError, TypeError) as exc:
+        raise SpecDecError(f"invalid structured output: {exc}") from None
+
+
 def check_grammar(spec: StructuredOutputs, tokenizer) -> str:
     """The grammar text for this spec; SpecDecError (one line) when it is not a valid grammar or schema."""
     import llguidance as llg
 
-    try:
-        text = spec.grammar_text()
-    except (ValueError, TypeError) as exc:
-        raise SpecDecError(f"invalid structured output: {exc}") from None
+    text = _grammar_text(spec)
     err = llg.LLMatcher.validate_grammar(text, ll_tokenizer(tokenizer))
     if err:
         raise SpecDecError(f"invalid structured output: {' '.join(err.split())[:300]}")
@@ -112,14 +115,15 @@ def check_grammar(spec: StructuredOutputs, tokenizer) -> str:
 class Constraint:
     """One request's grammar state."""
 
-    def __init__(self, spec: StructuredOutputs, tokenizer, grammar_text: str | None = None):
+    def __init__(self, spec: StructuredOutputs, tokenizer):
         import llguidance as llg
 
         self.vocab_size = tokenizer.vocab_size
         self.eos_ids = list(tokenizer.eos_token_ids)
         self.eos_set = frozenset(self.eos_ids)
         self._drafted = 0
-        self.matcher = llg.LLMatcher(ll_tokenizer(tokenizer), grammar_text or check_grammar(spec, tokenizer))
+        # compiled once here (the server checked it with check_grammar before admission; a bad one errs here too)
+        self.matcher = llg.LLMatcher(ll_tokenizer(tokenizer), _grammar_text(spec))
         if self.matcher.is_error():
             raise SpecDecError(f"invalid structured output: {self.matcher.get_error()}")
 
@@ -138,9 +142,6 @@ class Constraint:
             self._drafted = 0
 
     def mask(self) -> torch.Tensor:
-        return self._mask()
-
-    def _mask(self) -> torch.Tensor:
         """[V] bool: the tokens allowed next."""
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
         allowed = torch.from_numpy(np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool))
@@ -160,11 +161,11 @@ class Constraint:
         """[len(draft) + 1, V] bool: the mask of each verification row (row j: after draft[:j])."""
         n_valid = self.valid_prefix(draft)
         n_ok = next((j for j, t in enumerate(draft[:n_valid]) if t in self.eos_set), n_valid)
-        masks = [self._mask()]
+        masks = [self.mask()]
         for j in range(len(draft)):
             if j < n_ok:
                 self.matcher.consume_token(draft[j])
-                masks.append(self._mask())
+                masks.append(self.mask())
             else:   # unreachable rows: draft[n_ok] is rejected at row n_ok for sure, or is an end that ends it
                 masks.append(masks[-1])
         if n_ok:
@@ -188,14 +189,4 @@ def apply_masks(logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
 def warm(tokenizer) -> None:
     """Build llguidance's view of the tokenizer before serving (a server's first structured request should not
     pay ~1 s for it)."""
-    if available():
-        ll_tokenizer(tokenizer)
-
-
-@functools.cache
-def available() -> bool:
-    try:
-        import llguidance  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    ll_tokenizer(tokenizer)

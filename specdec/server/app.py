@@ -116,7 +116,7 @@ def create_app(state: ServerState) -> FastAPI:
         req.check_supported()
         _check_model(state, req.model)
         msgs = template_messages(req.messages)
-        mode = req.tool_mode()
+        mode = req.tool_mode
         tools = mode.tools if mode is not None else None
         tok = state.engine.tokenizer
 
@@ -338,13 +338,13 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
     where = {"x-specdec-replica": handle.replica} if handle.replica else {}     # which engine replica decoded it
     want_lp = req.logprobs_count() is not None
     tok = state.engine.tokenizer
-    mode = req.tool_mode() if chat else None
+    mode = req.tool_mode if chat else None
     tool_calls = mode is not None                          # parse the output for calls
     names = {t["function"]["name"] for t in mode.tools} if mode is not None else None
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        lp = (tok,) if want_lp else None
-        return StreamingResponse(_stream(handle, rid, created, model, chat, include_usage, seed_scope, lp,
+        return StreamingResponse(_stream(handle, rid, created, model, chat, include_usage, seed_scope,
+                                         tok if want_lp else None,
                                          ToolStream(names) if tool_calls else None),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache", **where})
     task = asyncio.ensure_future(_collect(handle))
@@ -393,8 +393,8 @@ async def _collect(handle: RequestHandle):
 
 
 async def _stream(handle: RequestHandle, rid: str, created: int, model: str, chat: bool, include_usage: bool,
-                  seed_scope: str | None = None, lp: tuple | None = None, tools: ToolStream | None = None):
-    """lp: (tokenizer,) when the request asked for logprobs: each chunk carries those of its tokens.
+                  seed_scope: str | None = None, lp_tokenizer=None, tools: ToolStream | None = None):
+    """lp_tokenizer: set when the request asked for logprobs: each chunk carries those of its tokens.
     tools: a ToolStream when the output is parsed for tool calls (sent as delta.tool_calls)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     offset = 0
@@ -406,11 +406,11 @@ async def _stream(handle: RequestHandle, rid: str, created: int, model: str, cha
     def chunk(text: str | None, finish_reason=None, role=False, lps=None) -> dict:
         nonlocal offset
         logprobs = None
-        if lp is not None and not role:
+        if lp_tokenizer is not None and not role:
             if chat:
-                logprobs = {"content": logprobs_content(lp[0], lps or [])}
+                logprobs = {"content": logprobs_content(lp_tokenizer, lps or [])}
             else:
-                logprobs, offset = completion_logprobs(lp[0], lps or [], offset)
+                logprobs, offset = completion_logprobs(lp_tokenizer, lps or [], offset)
         if chat:
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
             choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
@@ -440,7 +440,7 @@ async def _stream(handle: RequestHandle, rid: str, created: int, model: str, cha
                 if include_usage:
                     yield _sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
                                 "usage": usage(d.stats.prompt_tokens, d.stats.completion_tokens)})
-            elif text or (lp is not None and d.logprobs):
+            elif text or (lp_tokenizer is not None and d.logprobs):
                 yield _sse(chunk(text, lps=d.logprobs))
         yield "data: [DONE]\n\n"
     except RequestAborted:

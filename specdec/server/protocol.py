@@ -7,6 +7,7 @@ logit_bias, ...) are declared and refused by `check_supported`, unless they hold
 """
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -110,18 +111,12 @@ class _Sampling(BaseModel):
             if getattr(self, name):
                 raise APIError(400, f"{name} is not supported (only 0)", param=name, code="unsupported_parameter")
         self.logprobs_count()
-        if not self._tools_ok:
-            if self.tools:
-                raise _unsupported("tools", "tool calling (tools) is")
-            if self.tool_choice not in (None, "none"):
-                raise _unsupported("tool_choice", "tool calling (tool_choice other than 'none') is")
-        else:
-            self.tool_mode()
+        _ = self.tool_mode
         if self.functions:
             raise _unsupported("functions", "function calling (functions) is")
         if self.function_call not in (None, "none"):
             raise _unsupported("function_call", "function calling (function_call other than 'none') is")
-        self.structured()
+        _ = self.structured
         if self.logit_bias:
             raise _unsupported("logit_bias")
         if self.prediction is not None:
@@ -131,16 +126,22 @@ class _Sampling(BaseModel):
         if self.modalities is not None and self.modalities != ["text"]:
             raise _unsupported("modalities", "modalities other than [\"text\"] are")
 
-    _tools_ok = False          # chat completions take tools; completions do not
-
-    def tool_mode(self):
+    @functools.cached_property
+    def tool_mode(self) -> "ToolMode | None":
+        """What the request's tools ask (computed once; errors are raised on every access). Completions take no
+        tools: chat completions override this."""
+        if self.tools:
+            raise _unsupported("tools", "tool calling (tools) is")
+        if self.tool_choice not in (None, "none"):
+            raise _unsupported("tool_choice", "tool calling (tool_choice other than 'none') is")
         return None
 
+    @functools.cached_property
     def structured(self) -> StructuredOutputs | None:
-        """response_format (OpenAI: text, json_object, json_schema) or vLLM's structured_outputs -> the grammar spec.
-        Its grammar is checked against the tokenizer later (see sampling.grammar.check_grammar)."""
+        """response_format (OpenAI: text, json_object, json_schema) or vLLM's structured_outputs -> the grammar spec,
+        computed once. Its grammar is checked against the tokenizer later (see sampling.grammar.check_grammar)."""
         rf, so = self.response_format, self.structured_outputs
-        mode = self.tool_mode()
+        mode = self.tool_mode
         if mode is not None and mode.forced:
             if (rf is not None and rf != {"type": "text"}) or so is not None:
                 raise APIError(400, "tool_choice 'required' or a named function cannot be combined with "
@@ -191,7 +192,7 @@ class _Sampling(BaseModel):
         return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
                               top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or -1,
                               min_p=self.min_p or 0.0, seed=self.seed, stop=stop, ignore_eos=self.ignore_eos,
-                              logprobs=self.logprobs_count(), structured_outputs=self.structured())
+                              logprobs=self.logprobs_count(), structured_outputs=self.structured)
 
 
 class ToolFunction(BaseModel):
@@ -284,8 +285,8 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    _tools_ok = True
 
+    @functools.cached_property
     def tool_mode(self) -> ToolMode | None:
         """None when no tool is in play (no tools, or tool_choice 'none')."""
         choice = self.tool_choice

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import SpecDecError
-from .async_engine import QueueFull, RequestAborted
+from .async_engine import QueueFull, RequestAborted, warm_tokenizer
 from .metrics import merge_labelled
 
 log = logging.getLogger("specdec.server")
@@ -204,10 +204,7 @@ class RayEngineClient:
         self.max_model_len = info["max_model_len"]
         self.has_draft = info["has_draft"]
         self.model_name = info["model_name"]
-        await asyncio.to_thread(self.tokenizer.warm)
-        from ..sampling.grammar import warm as warm_grammar
-
-        await asyncio.to_thread(warm_grammar, self.tokenizer)     # the structured-output checks' tokenizer view
+        await asyncio.to_thread(warm_tokenizer, self.tokenizer)
 
     def _reports(self) -> dict[str, dict]:
         from .ray_reports import replica_reports
@@ -308,16 +305,12 @@ class Ingress:
         self._args = args
 
     def __serve_build_asgi_app__(self):
-        from .app import ServerState, create_app
-        from .serve import parse_speculative_config
+        from .app import create_app
+        from .serve import parse_speculative_config, server_state
 
         a = self._args
-        spec = parse_speculative_config(a.speculative_config)
-        client = RayEngineClient(self._engine_handle, spec, a.max_queued)
-        state = ServerState(client, a.served_model_name, api_key=a.api_key, drain_timeout_s=a.drain_timeout,
-                            traffic_fraction=a.spec_traffic_fraction, max_request_bytes=a.max_request_bytes,
-                            max_spec_pools=a.max_spec_pools)
-        return create_app(state)
+        client = RayEngineClient(self._engine_handle, parse_speculative_config(a.speculative_config), a.max_queued)
+        return create_app(server_state(client, a.served_model_name, a))
 
 
 # -- the launcher ------------------------------------------------------------------------------------------------

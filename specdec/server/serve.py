@@ -100,6 +100,15 @@ def build_engine(args):
     return engine, name
 
 
+def server_state(engine, name: str | None, args):
+    """The HTTP layer's state from `specdec serve`'s arguments (one process, or the Ray ingress)."""
+    from .app import ServerState
+
+    return ServerState(engine, name, api_key=args.api_key, drain_timeout_s=args.drain_timeout,
+                       traffic_fraction=args.spec_traffic_fraction, max_request_bytes=args.max_request_bytes,
+                       max_spec_pools=args.max_spec_pools)
+
+
 def run_server(args) -> int:
     check_server_args(args)
     if args.replicas is not None or args.ray_address or args.autoscaling_config:
@@ -109,13 +118,11 @@ def run_server(args) -> int:
 
     import uvicorn
 
-    from .app import ServerState, create_app, drain
+    from .app import create_app, drain
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine, name = build_engine(args)
-    state = ServerState(engine, name, api_key=args.api_key, drain_timeout_s=args.drain_timeout,
-                        traffic_fraction=args.spec_traffic_fraction, max_request_bytes=args.max_request_bytes,
-                        max_spec_pools=args.max_spec_pools)
+    state = server_state(engine, name, args)
     app = create_app(state)
 
     class Server(uvicorn.Server):
