@@ -285,3 +285,21 @@ def test_int4_without_kernels_fails_clearly_and_bf16_still_works(tiny_dirs, monk
 def test_unknown_scheme_is_rejected():
     with pytest.raises(SpecDecError, match="int4"):
         quantize_model(torch.nn.Module(), "int3")
+
+
+def test_streamed_weights_move_to_huge_pages_unchanged():
+    """Large weight tensors are copied into 2 MB-aligned memory advised for huge pages, bit for bit; a tensor that
+    two fields share (Q6_K's mn = sc) stays shared; a small tensor is left where it is."""
+    from specdec.models.hugepages import HUGE_PAGE, in_huge_pages
+
+    big = torch.randn(1024, 1024)                                   # 4 MB
+    moved = in_huge_pages(big)
+    assert torch.equal(moved, big) and moved.data_ptr() != big.data_ptr()
+    if sys.platform == "linux":
+        assert moved.data_ptr() % HUGE_PAGE == 0
+    small = torch.randn(16)
+    assert in_huge_pages(small) is small
+    p = pack(quantize_int4(torch.randn(64, 256)))
+    p.mn = p.sc
+    q = p.map(lambda t: t.clone())
+    assert q.mn is q.sc and q.qw is not p.qw and torch.equal(q.qw, p.qw)

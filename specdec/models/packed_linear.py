@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .hugepages import in_huge_pages
+
 
 def can_pack(weight: torch.Tensor) -> bool:
     return (weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float32)
@@ -88,7 +90,7 @@ class Bf16Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.packed = pack_bf16(weight)
+        self.packed = in_huge_pages(pack_bf16(weight))   # streamed every token: 2 MB pages (see hugepages.py)
         # fp32 once here (exact from bf16), as the kernel adds it, rather than converted on every call
         self.bias = None if bias is None else bias.detach().float()
         self.nbytes = self.packed.nbytes + (0 if bias is None else self.bias.nbytes)

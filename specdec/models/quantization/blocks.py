@@ -148,6 +148,15 @@ class PackedBlocks:
             self.mn = self.sc
         return self.mn is self.sc
 
+    def map(self, fn) -> "PackedBlocks":
+        """The same blocks with fn applied to each tensor (a tensor shared by two fields stays shared)."""
+        done: dict[int, torch.Tensor] = {}
+        for t in self.TENSORS:
+            v = getattr(self, t)
+            if id(v) not in done:
+                done[id(v)] = fn(v)
+        return replace(self, **{t: done[id(getattr(self, t))] for t in self.TENSORS})
+
     def format(self) -> str:
         return f"{self.bits},{self.group},{self.sb},{self.n}"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..hugepages import in_huge_pages
 from .blocks import PackedBlocks
 from .kernels import IMPLS, load_kernels
 
@@ -19,7 +20,7 @@ class BlockQuantLinear(nn.Module):
     def __init__(self, packed: PackedBlocks, bias: torch.Tensor | None):
         super().__init__()
         self._C = load_kernels()
-        self.packed = packed
+        self.packed = packed.map(in_huge_pages)      # streamed every token: 2 MB pages (see models/hugepages.py)
         self.out_features, self.in_features = packed.out_features, packed.in_features
         self.padded = packed.qw.shape[0] * 16          # kernel output columns (a multiple of 16)
         self.bias = None
