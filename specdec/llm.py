@@ -24,7 +24,7 @@ from .proposers import check_compatible
 from .proposers.ngram import find_ngram_continuation
 from .sampling_params import SamplingParams
 
-COST_MODEL_REVISION = 5      # part of the cost-model cache key: 5 = bf16 linears on specdec._C's AVX-512 BF16 kernel
+COST_MODEL_REVISION = 6      # part of the cost-model cache key: 6 = kernel weights in 2 MB pages (5: bf16 on specdec._C)
 
 Prompt = str | list[dict]   # raw text or chat messages
 
