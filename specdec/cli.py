@@ -111,6 +111,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .models.registry import DEFAULT_TARGET
 
+    th = sub.add_parser("train-head", help="train an EAGLE-3 or Medusa draft head for a target on this machine")
+    th.add_argument("--method", required=True, choices=["eagle3", "medusa"])
+    th.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, .gguf file or HF directory")
+    th.add_argument("--data", required=True,
+                    help="comma list: sharegpt:N, humaneval[A:B], a .jsonl file (messages | text | prompt+completion), "
+                         "or a source file or folder")
+    th.add_argument("--out", required=True, help="the head's directory (written atomically)")
+    th.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    th.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    th.add_argument("--threads", type=int, default=None)
+    th.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
+                    help="the target's weights while extracting features (use what the head will serve with)")
+    for flag, typ, default, text in [
+            ("--seq-len", int, 512, "tokens per training window"),
+            ("--doc-len", int, 2048, "tokens of context per document for the target's features"),
+            ("--max-tokens", int, None, "cap on training tokens, spread over the sources"),
+            ("--epochs", float, 1.0, "passes over the windows"), ("--batch-seqs", int, 4, "windows per step"),
+            ("--lr", float, 5e-4, "peak learning rate (AdamW; warm-up, then cosine to 10%%)"),
+            ("--warmup-steps", int, 20, ""), ("--draft-vocab", int, 8192, "draft / truncated vocabulary size"),
+            ("--intermediate-size", int, None, "EAGLE-3 MLP width (default: the target's)"),
+            ("--ttt-steps", int, 3, "EAGLE-3 training-time-test steps"), ("--num-heads", int, 3, "Medusa heads"),
+            ("--topk", int, 16, "target probabilities kept per token"),
+            ("--checkpoint-every", int, 50, "steps between checkpoints"), ("--seed", int, 0, ""),
+            ("--regenerate", int, 0, "answer chat sources' first turns with the target (greedy, up to N tokens) "
+                                     "and train on those answers")]:
+        th.add_argument(flag, type=typ, default=default, help=text or None)
+    th.add_argument("--resume", action="store_true", help="continue from OUT.checkpoint.pt")
+    th.add_argument("--int8", action="store_true", help="store 2-D weights as int8 + per-row scale")
+    th.add_argument("--no-progress", action="store_true")
+
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
     bo = bsub.add_parser("offline", help="A/B evaluation on real prompts: results.json, report.md, plots")
@@ -119,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="builtin | structured | humaneval[:N] | sharegpt[:N] | a JSONL file of {messages, category}; "
                          "several joined with commas")
     bo.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
-    bo.add_argument("--methods", default="none,ngram,draft", help="comma-separated: none,ngram,draft,auto")
+    bo.add_argument("--methods", default="none,ngram,draft", help="comma-separated: none,ngram,draft,eagle3,medusa,auto")
     bo.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
     bo.add_argument("--temperature", default="0", help="comma-separated temperatures")
     bo.add_argument("--max-tokens", type=int, default=128)
@@ -128,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--peers", default="", help="comma-separated peers measured in the same run: hf,llamacpp")
     bo.add_argument("--out", default="out/bench-offline", help="output directory")
     bo.add_argument("--no-progress", action="store_true")
+    bo.add_argument("--eagle3-head", default=None, help="EAGLE-3 head directory (default: the one shipped for the target)")
+    bo.add_argument("--medusa-head", default=None, help="Medusa head directory (default: the one shipped for the target)")
     _add_proposer_args(bo)
 
     bq = bsub.add_parser("quality", help="quantization quality vs the runtime-dtype model: perplexity, KL divergence, "
@@ -231,7 +263,8 @@ def cmd_bench_offline(args) -> int:
         repeats=args.repeats, seed=args.seed, out=args.out, peers=_csv(args.peers, str, "--peers"),
         target=args.target, draft=args.draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
-        draft_quantization=args.draft_quantization, quantization=args.quantization, progress=not args.no_progress)
+        draft_quantization=args.draft_quantization, quantization=args.quantization, progress=not args.no_progress,
+        heads={m: getattr(args, f"{m}_head") for m in ("eagle3", "medusa") if getattr(args, f"{m}_head")})
     result = run_offline(cfg)
     for d in recommend(result["summary"]):
         verdict = f"enable {d['method']} k={d['k']} ({d['expected_speedup']:.2f}x)" if d["enable"] else "off"
@@ -266,6 +299,29 @@ def cmd_bench_quality(args) -> int:
     return 0
 
 
+def cmd_train_head(args) -> int:
+    import os
+
+    import torch
+
+    from .models.loader import load_model
+    from .train.head_trainer import HeadTrainer, TrainConfig
+
+    cfg = TrainConfig(args.method, args.data, args.out, args.seq_len, args.doc_len, args.max_tokens, args.epochs,
+                      args.batch_seqs,
+                      args.lr, args.warmup_steps, 0.0, 0.5, args.draft_vocab, args.intermediate_size, args.ttt_steps,
+                      args.num_heads, args.topk, args.checkpoint_every, args.resume, args.int8, args.seed,
+                      args.regenerate)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    target = load_model(args.target, dtype=args.dtype, device=args.device, progress=not args.no_progress,
+                        quantization=args.quantization)
+    info = HeadTrainer(cfg, target, progress=not args.no_progress).run()
+    print(f"{cfg.method} head for {info['target']}: {info['tokens']} tokens in {info['windows']} windows, "
+          f"{info['steps']} steps; features {info['feature_s']} s, training {info['train_s']} s; final loss "
+          f"{info['final_loss']}, top-1 agreement per step {info['final_agree']} -> {cfg.out}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.bench_command == "offline":
         return cmd_bench_offline(args)
@@ -292,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "train-head":
+            return cmd_train_head(args)
         if args.command == "serve":
             from .server.serve import run_server
 

@@ -3,21 +3,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-METHODS = ("none", "ngram", "draft", "auto")
+METHODS = ("none", "ngram", "draft", "eagle3", "medusa", "auto")
 QUANTIZATIONS = ("none", "int8", "int4")   # --quantization (target) and the draft's `quantization`
 K_MIN, K_MAX = 1, 32                    # num_speculative_tokens (and auto's upper bound) everywhere: CLI, HTTP, policy
 
 # Defaults measured on the 2-core CPU (see README, "Choosing k"): the draft method peaks at k=4,
 # n-gram lookup (nearly free to propose) keeps gaining up to k=8 on edit-style prompts.
 # For "auto", k is the largest k the policy may choose per request.
-DEFAULT_K = {"none": 0, "ngram": 8, "draft": 4, "auto": 8}
+DEFAULT_K = {"none": 0, "ngram": 8, "draft": 4, "eagle3": 4, "medusa": 3, "auto": 8}
 
 
 @dataclass
 class SpeculativeConfig:
     method: str = "none"                    # none | ngram | draft | auto (policy picks per request)
     num_speculative_tokens: int | None = None   # k; None = the method's default
-    model: str | None = None                # draft model (method "draft"); None = the default draft
+    model: str | None = None                # draft model (method "draft") or head directory (eagle3, medusa);
+                                            # None = the default draft / the head shipped for the default target
     prompt_lookup_max: int = 4              # n-gram: longest tail n-gram tried first
     prompt_lookup_min: int = 1              # n-gram: shortest n-gram accepted
     quantization: str | None = None         # draft model weights: "none" (runtime dtype), "int8" or "int4" (CPU);

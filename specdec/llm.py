@@ -15,6 +15,7 @@ import torch
 from .config import DEFAULT_K, SpeculativeConfig
 from .engine import LLMEngine, RequestOutput, SchedulerConfig, StreamDelta
 from .errors import SpecDecError
+from .models.heads import HEAD_METHODS, LoadedHead
 from .models.loader import LoadedModel, load_model
 from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from .policy import CostModel, PolicyConfig
@@ -44,6 +45,17 @@ def default_draft_quantization(requested: str | None, target: LoadedModel) -> st
     return "none"
 
 
+def load_head_for(method: str, path: str | None, target: LoadedModel) -> LoadedHead:
+    """A learned head for the target: from `path`, else the one shipped for the default target; its linears on
+    the engine's CPU kernels."""
+    from .models.heads import load_head, pack_head, shipped_head
+
+    head = load_head(path or shipped_head(method, target.name), target.model, target.model.embed_tokens.weight.dtype,
+                     target.model.embed_tokens.weight.device)
+    pack_head(head.module)
+    return head
+
+
 class LLM:
     """Loads the target (and draft) once; `generate` and `stream` run requests through the engine.
 
@@ -54,7 +66,8 @@ class LLM:
     def __init__(self, target: str = DEFAULT_TARGET, draft: str | None = None,
                  speculative: SpeculativeConfig | None = None, dtype: str = "bfloat16",
                  device: str | None = None, max_model_len: int | None = None, num_threads: int | None = None,
-                 progress: bool = True, scheduler: SchedulerConfig | None = None, quantization: str | None = None):
+                 progress: bool = True, scheduler: SchedulerConfig | None = None, quantization: str | None = None,
+                 heads: dict[str, str | None] | None = None):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         self.speculative = speculative or SpeculativeConfig(method="draft" if draft else "none")
         self.quantization = quantization               # the target's weights: none | int8 | int4 (vLLM's name)
@@ -72,10 +85,17 @@ class LLM:
                                     quantization=self.draft_quantization, int4_exact=False)
             check_compatible(self.tokenizer, self.draft.tokenizer, self.target.config.vocab_size,
                              self.draft.config.vocab_size)
+        # learned heads: the speculative config's, and any others asked for ({method: directory or None = shipped}),
+        # so that requests may pick them per request
+        wanted = dict(heads or {})
+        if self.speculative.method in HEAD_METHODS:
+            wanted[self.speculative.method] = self.speculative.model
+        self.heads: dict[str, LoadedHead] = {m: load_head_for(m, path, self.target) for m, path in wanted.items()}
         self.scheduler_config = scheduler or SchedulerConfig()
         self._policy: SpeculationPolicy | None = None
         self.engine = LLMEngine(self.target.model, self.tokenizer, self.draft.model if self.draft else None,
-                                self.scheduler_config, max_model_len, policy_factory=self.policy)
+                                self.scheduler_config, max_model_len, policy_factory=self.policy,
+                                heads={m: h.module for m, h in self.heads.items()})
         self._ids = itertools.count()
 
     @property

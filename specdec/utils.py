@@ -36,3 +36,14 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 def write_json_atomic(path: str | Path, data: dict) -> None:
     write_text_atomic(path, json.dumps(data, indent=2))
+
+
+def progress_bar(iterable, desc: str, enabled: bool = True):
+    """tqdm over `iterable` on stderr when enabled (and tqdm is installed), else the iterable itself."""
+    if not enabled:
+        return iterable
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, dynamic_ncols=True)

@@ -30,7 +30,8 @@ def make_tokenizer(directory: Path, vocab_size: int = 320) -> int:
     return tok.get_vocab_size()
 
 
-def make_tiny_model(directory: Path, seed: int = 0, tokenizer_vocab: int = 320, **overrides) -> Path:
+def make_tiny_model(directory: Path, seed: int = 0, tokenizer_vocab: int = 320, weight_std: float = 0.3,
+                    **overrides) -> Path:
     """A random-init Qwen2 in HF format (config.json + model.safetensors + tokenizer files)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -45,7 +46,7 @@ def make_tiny_model(directory: Path, seed: int = 0, tokenizer_vocab: int = 320, 
     with torch.no_grad():  # larger-than-default weights make greedy outputs less degenerate
         for p in model.parameters():
             if p.dim() == 2:
-                p.normal_(0, 0.3)
+                p.normal_(0, weight_std)
             elif p.dim() == 1 and p.shape[0] != cfg["hidden_size"]:
                 p.normal_(0, 0.1)
     model.save_pretrained(directory, safe_serialization=True)

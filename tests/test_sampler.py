@@ -21,9 +21,11 @@ def _tables(seed, temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0):
     return probs_from_logits(target_logits, **kw), probs_from_logits(draft_logits, **kw)
 
 
-def _run(P, Q, k, seed, sampler=verify_sampling_batch, use_q=True, p_row=None):
+def _run(P, Q, k, seed, sampler=verify_sampling_batch, use_q=True, p_row=None, q_row=None, q_told=None):
     """p_row(prev0, x): the target row verified after draft token x (default P[x]); prev0 is the token before
-    the draft (structured outputs use it for a negative control)."""
+    the draft (structured outputs use it for a negative control). q_row(prev0, prev, j): the draft's distribution
+    for draft position j (default Q[prev]; a Medusa head's depends on prev0 and j only). q_told: the distribution
+    handed to verification instead of the one drawn from (negative controls)."""
     g = torch.Generator().manual_seed(seed)
     seqs = torch.full((N, POSITIONS), PAD, dtype=torch.long)
     filled = torch.zeros(N, dtype=torch.long)
@@ -32,10 +34,10 @@ def _run(P, Q, k, seed, sampler=verify_sampling_batch, use_q=True, p_row=None):
         active = (filled < POSITIONS).nonzero().squeeze(-1)
         prev0 = prev = last[active]
         drafts, q_rows, p_rows = [], [], [P[prev]]
-        for _ in range(k):
-            q = Q[prev]
+        for j in range(k):
+            q = Q[prev] if q_row is None else q_row(prev0, prev, j)
             x = torch.multinomial(q, 1, generator=g).squeeze(-1)
-            drafts.append(x); q_rows.append(q); p_rows.append(P[x] if p_row is None else p_row(prev0, x)); prev = x
+            drafts.append(x); q_rows.append(q if q_told is None else q_told(prev0, prev, j)); p_rows.append(P[x] if p_row is None else p_row(prev0, x)); prev = x
         n, emitted = sampler(torch.stack(p_rows, 1), torch.stack(q_rows, 1) if use_q else None,
                              torch.stack(drafts, 1), g)
         for j in range(k + 1):
@@ -162,3 +164,37 @@ def test_extreme_sampling_params_stay_valid():
     p = probs_from_logits(logits, 1.0, top_p=5e-324)
     assert (p.argmax(-1) == logits.argmax(-1)).all() and ((p > 0).sum(-1) == 1).all()
     assert SamplingParams(temperature=1e-300).greedy and not SamplingParams(temperature=0.01).greedy
+
+
+def test_medusa_shaped_drafts_are_exact():
+    """Medusa: draft j comes from head j's distribution given the verified prefix only, not the earlier guesses."""
+    P, _ = _tables(21)
+    heads = [probs_from_logits(torch.randn(V, V, generator=torch.Generator().manual_seed(30 + j)) * 1.5, 1.0)
+             for j in range(3)]
+    seqs = _run(P, None, 3, seed=22, q_row=lambda prev0, prev, j: heads[j][prev0])
+    assert all(tv < TV_BOUND for tv in _tv(seqs, P))
+
+
+def test_eagle3_reduced_vocabulary_drafts_are_exact():
+    """EAGLE-3: the draft's distribution is zero outside its draft vocabulary; the tokens it can never propose
+    still come out with the target's probabilities (through recovery)."""
+    P, Q = _tables(23)
+    inside = torch.zeros(V, dtype=torch.bool)
+    inside[: V // 2] = True
+    Qr = Q * inside
+    Qr = Qr / Qr.sum(-1, keepdim=True)
+    seqs = _run(P, Qr, 3, seed=24)
+    assert all(tv < TV_BOUND for tv in _tv(seqs, P))
+    assert (seqs >= V // 2).float().mean() > 0.2          # tokens outside the draft vocabulary do come out
+
+
+def test_negative_control_medusa_q_of_another_head_fails():
+    """Control: Medusa-shaped drafts drawn from head j but verified against head j+1's distribution are not exact,
+    so the tests above can fail. (Verifying them as one-hot guesses would be exact: a random draft independent of
+    the verification coin is a mixture of fixed guesses.)"""
+    P, _ = _tables(21)
+    heads = [probs_from_logits(torch.randn(V, V, generator=torch.Generator().manual_seed(30 + j)) * 1.5, 1.0)
+             for j in range(3)]
+    seqs = _run(P, None, 3, seed=26, q_row=lambda prev0, prev, j: heads[j][prev0],
+                q_told=lambda prev0, prev, j: heads[(j + 1) % 3][prev0])
+    assert max(_tv(seqs, P)) > TV_BOUND

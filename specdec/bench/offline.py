@@ -19,6 +19,7 @@ from pathlib import Path
 from ..config import DEFAULT_K, K_MAX, K_MIN, METHODS, SpeculativeConfig
 from ..errors import SpecDecError
 from ..metrics.stats import peak_rss_mb
+from ..models.heads import HEAD_METHODS
 from ..sampling_params import SamplingParams
 from ..utils import write_json_atomic, write_text_atomic
 from .datasets import load_prompts
@@ -54,6 +55,7 @@ class OfflineBenchConfig:
     draft_quantization: str | None = None
     quantization: str | None = None         # the target's weights (--quantization)
     progress: bool = True
+    heads: dict[str, str | None] = field(default_factory=dict)   # learned head per method (None: the shipped one)
 
     def __post_init__(self):
         from .peers import PEERS
@@ -130,6 +132,7 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     llm = LLM(target=cfg.target or DEFAULT_TARGET, draft=cfg.draft, dtype=cfg.dtype, device=cfg.device,
               max_model_len=cfg.max_model_len, num_threads=cfg.threads, progress=cfg.progress,
               quantization=cfg.quantization,
+              heads={m: cfg.heads.get(m) for m in cfg.methods if m in HEAD_METHODS},
               speculative=SpeculativeConfig(method="draft" if need_draft else "none",
                                             quantization=cfg.draft_quantization,
                                             prompt_lookup_max=cfg.prompt_lookup_max,

@@ -22,8 +22,9 @@ from ..errors import SpecDecError
 from ..models.runner import Span, forward_spans
 from ..policy.cost_model import StepBudget
 from ..policy.decide import RequestFeatures
-from ..proposers.base import Draft, ProposalContext, VerifyResult, empty_draft
+from ..proposers.base import Draft, ProposalContext, Proposer, VerifyResult, empty_draft
 from ..proposers.draft_model import DraftModelProposer
+from ..proposers.heads import HEAD_METHODS, make_head_proposer
 from ..proposers.ngram import NgramProposer
 from ..sampling.logprobs import token_logprobs
 from ..sampling.rejection import verify_ragged
@@ -45,7 +46,8 @@ class _Plan:
 
 class LLMEngine:
     def __init__(self, model, tokenizer, draft_model=None, scheduler: SchedulerConfig | None = None,
-                 max_model_len: int | None = None, policy_factory: Callable[[], object] | None = None):
+                 max_model_len: int | None = None, policy_factory: Callable[[], object] | None = None,
+                 heads: dict | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size         # shared with the draft; padding rows never sampled
@@ -61,6 +63,11 @@ class LLMEngine:
                                          self.sched_cfg.max_num_batched_tokens)
                       if draft_model is not None else None)
         self._lookups: dict[tuple[int, int], NgramProposer] = {}
+        # learned heads by method (eagle3, medusa): {method: nn.Module}; their proposers read the target's hidden
+        # states from the step's own forward
+        self.heads: dict[str, Proposer] = {m: make_head_proposer(m, h, model, self.vocab_size,
+                                                                  self.sched_cfg.max_total_tokens)
+                                           for m, h in (heads or {}).items()}
         self._policy_factory = policy_factory
         self._policy = None
         self.seqs: dict[str, Sequence] = {}
@@ -101,6 +108,9 @@ class LLMEngine:
                                "tokens (the prompt and at least one new token must fit)")
         if spec.method == "draft" and self.draft is None:
             raise SpecDecError("speculative method 'draft' needs a draft model; none is loaded")
+        if spec.method in HEAD_METHODS and spec.method not in self.heads:
+            raise SpecDecError(f"speculative method '{spec.method}' needs its head loaded at start-up (the server's "
+                               f"--speculative-config method); loaded: {', '.join(self.heads) or 'none'}")
         k = spec.num_speculative_tokens or 0
         need = min(len(prompt_ids) + params.max_tokens, self.max_model_len) + k + 1
         if self.kv.extra_needed(-1, need) > self.sched_cfg.max_total_tokens:
@@ -143,8 +153,14 @@ class LLMEngine:
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
+        self._release_proposers(seq)
+
+    def _release_proposers(self, seq: Sequence) -> None:
         if self.draft is not None:
             self.draft.release(seq.seq_id)
+        head = self.heads.get(seq.spec.method)
+        if head is not None:
+            head.release(seq.seq_id)
 
     # -- the step ---------------------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -160,8 +176,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         for seq in batch.preempted:
-            if self.draft is not None:
-                self.draft.release(seq.seq_id)
+            self._release_proposers(seq)
         if batch.empty:
             self.last_step = StepInfo()
             return []
@@ -169,9 +184,11 @@ class LLMEngine:
         try:
             plans = self._propose(decodes, batch.num_rows)
             t1 = time.perf_counter()
+            reads = lambda s: s.spec.method in self.heads          # noqa: E731 - a head reads this one's states
             spans = [Span(self.kv.get(s.seq_id), s.num_computed, [s.token_ids[-1]] + p.draft.token_ids.tolist(), "all",
-                          decode=True) for s, p in zip(decodes, plans)]
+                          decode=True, hidden=reads(s)) for s, p in zip(decodes, plans)]
             last_span = []                               # per prefill, the index of its last span
+            owners = list(decodes)                       # the sequence of each span
             for seq, n in prefills:
                 # a prompt chunk; after a preemption the recomputed output tokens go as decode rows, so that their
                 # K/V is computed exactly as when they were generated
@@ -181,15 +198,22 @@ class LLMEngine:
                 for a, b, decode in ((lo, cut, False), (cut, hi, True)):
                     if b > a:
                         spans.append(Span(kv, a, seq.token_ids[a:b], "last" if done and b == hi else "none",
-                                          decode=decode))
+                                          decode=decode, hidden=reads(seq)))
+                        owners.append(seq)
                 last_span.append(len(spans) - 1)
-            logits = forward_spans(self.model, spans)
+            layers = tuple(sorted({i for s in [*decodes, *(s for s, _ in prefills)] if reads(s)
+                                   for i in self.heads[s.spec.method].target_hidden}))
+            logits, hidden = forward_spans(self.model, spans, layers) if layers else (forward_spans(self.model, spans),
+                                                                                       [None] * len(spans))
         except Exception as exc:  # noqa: BLE001 - the step's requests fail; the engine goes on
             return [self._fail(s, exc) for s in [*decodes, *(s for s, _ in prefills)]]
         self.last_step = StepInfo(len(decodes) + len(prefills), sum(len(s.token_ids) for s in spans),
                                   sum(n for _, n in prefills), sum(len(p.draft) for p in plans))
         # verify every sequence that samples this step: decodes, and prompts whose last chunk just ran
         sampling = [(s, p, lg) for s, p, lg in zip(decodes, plans, logits)]
+        for seq, span, h in zip(owners[len(decodes):], spans[len(decodes):], hidden[len(decodes):]):
+            if h is not None:                            # a prompt chunk's states: every row is committed
+                self.heads[seq.spec.method].accept_hidden(seq.seq_id, span.start, h)
         for (seq, n), lg in zip(prefills, (logits[i] for i in last_span)):
             seq.num_computed += n
             self.kv.commit(seq.seq_id, seq.num_computed)
@@ -204,9 +228,14 @@ class LLMEngine:
             [s.params for s, _, _ in sampling], [s.generator for s, _, _ in sampling])
         t2 = time.perf_counter()
         outputs = []
-        for (seq, plan, lg), (num_accepted, emitted) in zip(sampling, results):
+        for j, ((seq, plan, lg), (num_accepted, emitted)) in enumerate(zip(sampling, results)):
             try:
+                start = seq.num_computed
                 committed = self._commit(seq, plan, num_accepted, emitted, t0, t1, t2)
+                if plan is not None and hidden[j] is not None and not seq.finished:
+                    # the newest token and the accepted drafts: the rows whose K/V the target kept
+                    self.heads[seq.spec.method].accept_hidden(
+                        seq.seq_id, start, {i: h[: 1 + num_accepted] for i, h in hidden[j].items()})
                 if seq.constraint is not None:
                     seq.constraint.commit(committed)
                 lps = None
@@ -238,6 +267,7 @@ class LLMEngine:
         # the draft model's catch-up forwards are not in the step budget, so it would underprice them)
         auto_off = self._policy is not None and len(seqs) > self._policy.cfg.max_load
         to_draft: list[tuple[int, int]] = []            # (index, k) for the draft model
+        to_head: dict[str, list[tuple[int, int]]] = {}  # method -> (index, k) for a learned head
         # fixed methods first: their rows are part of what auto's sequences see in the budget
         order = sorted(range(len(seqs)), key=lambda i: seqs[i].spec.method == "auto")
         for i in order:
@@ -260,6 +290,9 @@ class LLMEngine:
             elif sp.method == "draft":
                 to_draft.append((i, room))
                 rows += room
+            elif sp.method in self.heads:
+                to_head.setdefault(sp.method, []).append((i, room))
+                rows += room
             else:   # auto: the step controller picks the draft's k or the lookup guess, knowing the step's rows
                 if budget is None and self._policy is not None:
                     budget = StepBudget(self._policy.cost, rows=rows, tokens=float(len(seqs)))
@@ -272,10 +305,12 @@ class LLMEngine:
                     plan.draft = Draft(torch.tensor(plan.guess[:k], dtype=torch.long))
                 elif k > 0 and self.draft is not None:
                     to_draft.append((i, k))
-        if to_draft:
+        for proposer, wanted in [(self.draft, to_draft), *((self.heads[m], w) for m, w in to_head.items())]:
+            if not wanted:
+                continue
             ctxs = [ProposalContext(seqs[i].seq_id, seqs[i].token_ids, seqs[i].params, seqs[i].generator,
-                                    seqs[i].constraint) for i, _ in to_draft]
-            for (i, _), draft in zip(to_draft, self.draft.propose(ctxs, [k for _, k in to_draft])):
+                                    seqs[i].constraint) for i, _ in wanted]
+            for (i, _), draft in zip(wanted, proposer.propose(ctxs, [k for _, k in wanted])):
                 plans[i].draft = draft
         return plans
 

@@ -107,16 +107,27 @@ class Transformer(nn.Module):
         return self._cos, self._sin   # [P, D] each
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnMetadata,
+                aux_layers: tuple[int, ...] = ()):
         """input_ids, positions: [N] (the new tokens of every sequence, flat) -> hidden [N, hidden].
 
         Writes each sequence's new K/V at the cache positions `attn` gives; never changes a cache's length.
+        aux_layers: also return {i: the input of layer i  # [N, hidden]} (num_layers: the final normed hidden),
+        what a learned draft head reads, from this same forward.
         """
         cos, sin = self._rope(attn.max_position + 1, input_ids.device)
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        aux = {}
+        for i, layer in enumerate(self.layers):
+            if i in aux_layers:
+                aux[i] = x.clone() if residual is None else x + residual   # the norms add into residual in place
             x, residual = layer(x, residual, positions, cos, sin, attn)
-        return self.norm(x, residual)[0]
+        hidden = self.norm(x, residual)[0]
+        if not aux_layers:
+            return hidden
+        if self.config.num_layers in aux_layers:
+            aux[self.config.num_layers] = hidden
+        return hidden, aux
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -20,11 +20,15 @@ class Span:
     logits: str = "last"         # which rows need logits: "last", "all" or "none"
     decode: bool = False         # generated tokens (a decode step, verification rows), not prompt tokens: their
                                  # attention runs row by row (see models/attn_metadata.py)
+    hidden: bool = False         # also return the rows' hidden states at the layers forward_spans is asked for
 
 
 @torch.inference_mode()
-def forward_spans(model, spans: list[Span]) -> list[torch.Tensor | None]:
-    """One forward over every span; per span its logits  # [rows, V] fp32 (rows: 1, len(token_ids) or None)."""
+def forward_spans(model, spans: list[Span], aux_layers: tuple[int, ...] = ()):
+    """One forward over every span; per span its logits  # [rows, V] fp32 (rows: 1, len(token_ids) or None).
+
+    With aux_layers, returns (logits, hidden): hidden per span is {layer: [len(token_ids), H]} for spans with
+    `hidden` set (None for the others), from the same forward (see Transformer.forward)."""
     device = model.embed_tokens.weight.device
     ids, pos, want = [], [], []
     row = 0
@@ -41,11 +45,24 @@ def forward_spans(model, spans: list[Span]) -> list[torch.Tensor | None]:
         row += n
     attn = causal_metadata([(s.kv, s.start, len(s.token_ids), s.decode) for s in spans], model.min_query_rows,
                            model.key_block, device)
-    hidden = model(torch.tensor(ids, dtype=torch.long, device=device),
-                   torch.tensor(pos, dtype=torch.long, device=device), attn)          # [N, hidden]
+    out = model(torch.tensor(ids, dtype=torch.long, device=device),
+                torch.tensor(pos, dtype=torch.long, device=device), attn, aux_layers)
+    if not aux_layers:
+        return _logits(model, out, want)                                            # out: [N, hidden]
+    hidden, aux = out
+    per_span, row = [], 0
+    for s in spans:
+        n = len(s.token_ids)
+        per_span.append({i: h[row: row + n] for i, h in aux.items()} if s.hidden else None)
+        row += n
+    return _logits(model, hidden, want), per_span
+
+
+def _logits(model, hidden: torch.Tensor, want: list) -> list[torch.Tensor | None]:
+    device = hidden.device
     rows = [r for w in want if w is not None for r in range(*w)]
     if not rows:
-        return [None] * len(spans)
+        return [None] * len(want)
     logits = model.compute_logits(hidden[torch.tensor(rows, device=device)])       # [R, V]
     out, i = [], 0
     for w in want:

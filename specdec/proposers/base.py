@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..sampling.grammar import apply_masks
+from ..sampling.logits import probs_from_logits, sample
 from ..sampling_params import SamplingParams
 
 
@@ -54,6 +56,13 @@ class Proposer(ABC):
     def release(self, seq_id: int) -> None:
         """The sequence has finished; free anything kept for it."""
 
+    # learned heads read the target's hidden states: the layers they need (Transformer.forward's aux_layers), and
+    # the committed rows' states after each forward
+    target_hidden: tuple[int, ...] = ()
+
+    def accept_hidden(self, seq_id: int, start: int, hidden: dict[int, torch.Tensor]) -> None:
+        """The target's hidden states {layer: [n, H]} at committed positions start .. start+n-1 of a sequence."""
+
     @property
     def weight_bytes(self) -> int:
         return 0
@@ -73,3 +82,21 @@ class NoProposer(Proposer):
 
 def empty_draft() -> Draft:
     return Draft(torch.empty(0, dtype=torch.long))
+
+
+def draft_token(logits: torch.Tensor, ctx: ProposalContext, q_rows: list) -> int:
+    """A model proposer's next draft token from its logits [1, V] over the target's vocabulary: the argmax for a
+    greedy request, else a draw from the request's processed distribution (appended to q_rows: the q_draft that
+    verification needs). A constrained sequence drafts from the grammar-masked distribution and advances it."""
+    p, c = ctx.params, ctx.constraint
+    if c is not None:
+        logits = apply_masks(logits, c.mask()[None])
+    if p.greedy:
+        tok = int(logits.argmax(-1))
+    else:
+        q = probs_from_logits(logits, p.temperature, p.top_k, p.top_p, p.min_p)
+        q_rows.append(q[0])
+        tok = int(sample(q, ctx.generator))
+    if c is not None:
+        c.advance(tok)
+    return tok

@@ -6,10 +6,8 @@ import torch
 from ..errors import SpecDecError
 from ..models.qwen2 import Transformer
 from ..models.runner import Span, forward_spans
-from ..sampling.grammar import apply_masks
-from ..sampling.logits import probs_from_logits, sample
 from ..tokenizer import Tokenizer
-from .base import Draft, ProposalContext, Proposer, VerifyResult
+from .base import Draft, ProposalContext, Proposer, VerifyResult, draft_token
 
 DECODE_ROWS = 16     # catch-up spans up to this many tokens run as decode rows (row-by-row attention)
 
@@ -88,7 +86,7 @@ class DraftModelProposer(Proposer):
                 span.kv.length = span.start + len(span.token_ids)    # what this forward wrote is now cached
                 if i is None:
                     continue
-                tok = self._sample(lg[:, : self.vocab_size], ctxs[i], q_rows[i])
+                tok = draft_token(lg[:, : self.vocab_size], ctxs[i], q_rows[i])
                 drafted[i].append(tok)
                 if len(drafted[i]) < ks[i]:
                     nxt.append(Span(span.kv, span.kv.length, [tok], "last", decode=True))
@@ -101,22 +99,6 @@ class DraftModelProposer(Proposer):
         # each cache now holds its committed tokens + its draft but the last (fed next time if accepted)
         return [Draft(torch.tensor(d, dtype=torch.long), torch.stack(q) if q else None)
                 for d, q in zip(drafted, q_rows)]
-
-    @staticmethod
-    def _sample(logits: torch.Tensor, ctx: ProposalContext, q_rows: list) -> int:
-        # logits: [1, V]; a constrained sequence drafts from the grammar-masked distribution (q is that one)
-        p, c = ctx.params, ctx.constraint
-        if c is not None:
-            logits = apply_masks(logits, c.mask()[None])
-        if p.greedy:
-            tok = int(logits.argmax(-1))
-        else:
-            q = probs_from_logits(logits, p.temperature, p.top_k, p.top_p, p.min_p)
-            q_rows.append(q[0])
-            tok = int(sample(q, ctx.generator))
-        if c is not None:
-            c.advance(tok)
-        return tok
 
     def observe(self, result: VerifyResult) -> None:
         kv = self.kv.caches.get(result.seq_id)

@@ -1,0 +1,272 @@
+"""Learned draft heads on disk: load the layouts users have (vLLM's and the papers' authors'), save ours atomically.
+
+A head directory holds config.json and *.safetensors. EAGLE-3 (`LlamaForCausalLMEagle3`) and Medusa (`MedusaModel`,
+or the Medusa authors' `medusa_num_heads`) are recognised from the config. A head is checked against the target at
+load: hidden size, vocabulary, the layers it reads, and, for heads trained here, the target's fingerprint (a hash
+of its configuration and the first rows of its embedding), so a head never silently drafts for a model it was not
+trained on.
+
+Heads saved here keep vLLM's tensor names. Their 2-D weights may be stored as int8 with a per-row scale
+(`X.weight` int8 + `X.weight_scale`, as compressed-tensors' W8A16 does), which keeps a shipped head under 50 MB;
+loading multiplies them back out in the runtime dtype.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import SpecDecError
+from .config import ModelConfig
+from .eagle3 import Eagle3Config, Eagle3Head
+from .medusa import MedusaConfig, MedusaHeads
+
+HEAD_METHODS = ("eagle3", "medusa")
+
+
+@dataclass
+class LoadedHead:
+    method: str
+    module: nn.Module                  # Eagle3Head | MedusaHeads
+    source: Path
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "heads"      # specdec/heads/<target>/<method>/
+
+
+def shipped_head(method: str, target_name: str) -> Path:
+    """The head shipped with specdec for a built-in target, or a SpecDecError saying there is none."""
+    path = SHIPPED / target_name / method
+    if not (path / "config.json").is_file():
+        have = sorted(f"{p.parent.name}/{p.name}" for p in SHIPPED.glob("*/*") if (p / "config.json").is_file())
+        raise SpecDecError(f"no {method} head ships for target '{target_name}' (shipped: {', '.join(have) or 'none'}); "
+                           f"pass a head directory as the speculative config's model, or train one with "
+                           f"`specdec train-head --method {method}`")
+    return path
+
+
+def target_fingerprint(model) -> str:
+    """A short hash of the target's shape and the first rows of its embedding (same weights -> same print)."""
+    cfg = model.config
+    h = hashlib.sha256(json.dumps([cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads]).encode())
+    rows = model.embed_tokens.weight[:64].detach().to(torch.float32).cpu()
+    h.update(rows.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def head_method(cfg: dict) -> str:
+    archs = " ".join(cfg.get("architectures") or [])
+    if "Eagle3" in archs or cfg.get("draft_vocab_size") is not None and "eagle" in archs.lower():
+        return "eagle3"
+    if "Medusa" in archs or cfg.get("model_type") == "medusa" or "medusa_num_heads" in cfg:
+        return "medusa"
+    if "Eagle" in archs:
+        raise SpecDecError("EAGLE-1/2 heads (feature + token fusion over the target's output head) are not "
+                           "supported yet; use an EAGLE-3 or a Medusa head")
+    raise SpecDecError(f"not a draft head this version reads (architectures {cfg.get('architectures')}); "
+                       "expected LlamaForCausalLMEagle3 or MedusaModel")
+
+
+# vLLM / SpecForge names -> ours (the fused q/k/v and gate/up are concatenated at load)
+_EAGLE3_NAMES = {
+    "fc.weight": "fc.weight", "norm.weight": "norm.weight", "lm_head.weight": "lm_head.weight", "d2t": "d2t",
+    "midlayer.input_layernorm.weight": "input_layernorm.weight",
+    "midlayer.hidden_norm.weight": "hidden_norm.weight",
+    "midlayer.post_attention_layernorm.weight": "post_attention_layernorm.weight",
+    "midlayer.self_attn.o_proj.weight": "self_attn.o_proj.weight",
+    "midlayer.mlp.down_proj.weight": "mlp.down_proj.weight",
+}
+_EAGLE3_FUSED = {"self_attn.qkv_proj.weight": ("midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
+                                               "midlayer.self_attn.v_proj.weight"),
+                 "mlp.gate_up_proj.weight": ("midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight")}
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise SpecDecError(f"{path}: no *.safetensors weight files")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    # int8 with a per-row scale -> float (see the module docstring)
+    for name in [n for n in out if n.endswith(".weight_scale")]:
+        base = name[: -len("_scale")]
+        out[base] = out[base].float() * out.pop(name).float()[:, None]
+    return out
+
+
+def _eagle3_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    state = {ours: hf[theirs] for theirs, ours in _EAGLE3_NAMES.items() if theirs in hf}
+    for ours, parts in _EAGLE3_FUSED.items():
+        if all(p in hf for p in parts):
+            state[ours] = torch.cat([hf[p] for p in parts])
+    # some exports drop the "midlayer." prefix (layers.0.*)
+    if "input_layernorm.weight" not in state and "layers.0.input_layernorm.weight" in hf:
+        return _eagle3_state({k.replace("layers.0.", "midlayer."): v for k, v in hf.items()})
+    return state
+
+
+def _medusa_state(hf: dict[str, torch.Tensor], cfg: MedusaConfig) -> dict[str, torch.Tensor]:
+    state = {}
+    for name, t in hf.items():
+        n = name.removeprefix("medusa_heads.").removeprefix("medusa_head.")
+        parts = n.split(".")
+        if n == "token_map":
+            state["token_map"] = t.long()
+        elif parts[0] in ("blocks", "lm_heads"):                  # vLLM: blocks.i.layers.j.linear?.w, lm_heads.i.w
+            if parts[0] == "blocks":
+                i, j, leaf = parts[1], parts[3], parts[-1]
+                state[f"blocks.{i}.{j}.linear.{leaf}"] = t
+            else:
+                state[n] = t
+        elif parts[0].isdigit():                                   # Medusa authors: i.j.linear.w, i.{layers}.weight
+            i, j = parts[0], int(parts[1])
+            if j == cfg.num_layers:
+                state[f"lm_heads.{i}.weight"] = t
+            else:
+                state[f"blocks.{i}.{j}.linear.{parts[-1]}"] = t
+    return state
+
+
+def load_head(path: str | Path, target, dtype: torch.dtype, device: torch.device | str = "cpu") -> LoadedHead:
+    """A head directory -> the head, checked against `target` (a Transformer), in `dtype` on `device`."""
+    path = Path(path).expanduser()
+    if not (path / "config.json").is_file():
+        raise SpecDecError(f"{path}: not a draft head directory (no config.json)")
+    cfg = json.loads((path / "config.json").read_text())
+    method = head_method(cfg)
+    tcfg: ModelConfig = target.config
+    where = f"head {path}"
+    fp = cfg.get("specdec_target_fingerprint")
+    if fp and fp != target_fingerprint(target):
+        raise SpecDecError(f"{where} was trained for another target ({cfg.get('specdec_target') or 'unnamed'}, "
+                           f"fingerprint {fp}); this target's is {target_fingerprint(target)}")
+    hf = _read_tensors(path)
+    if method == "eagle3":
+        hcfg = Eagle3Config.from_hf(cfg, tcfg)
+        if hcfg.target_hidden_size != tcfg.hidden_size:
+            raise SpecDecError(f"{where} reads target hidden states of size {hcfg.target_hidden_size}; the target's "
+                               f"hidden size is {tcfg.hidden_size}")
+        if hcfg.vocab_size != tcfg.vocab_size:
+            raise SpecDecError(f"{where} maps onto a vocabulary of {hcfg.vocab_size} tokens; the target has "
+                               f"{tcfg.vocab_size}")
+        bad = [i for i in hcfg.aux_layers if not 0 <= i < tcfg.num_layers]
+        if bad:
+            raise SpecDecError(f"{where} reads target layers {list(hcfg.aux_layers)}; the target has "
+                               f"{tcfg.num_layers} layers")
+        if hcfg.hidden_size != tcfg.hidden_size:
+            raise SpecDecError(f"{where} has hidden size {hcfg.hidden_size}; it embeds tokens with the target's "
+                               f"embedding, whose size is {tcfg.hidden_size}")
+        module = Eagle3Head(hcfg)
+        state = _eagle3_state(hf)
+        if "d2t" not in state:
+            if hcfg.draft_vocab_size != hcfg.vocab_size:
+                raise SpecDecError(f"{where} has a reduced draft vocabulary but no d2t map")
+            state["d2t"] = torch.zeros(hcfg.draft_vocab_size, dtype=torch.long)
+    else:
+        hcfg = MedusaConfig.from_hf(cfg)
+        if hcfg.hidden_size != tcfg.hidden_size:
+            raise SpecDecError(f"{where} has hidden size {hcfg.hidden_size}; the target's is {tcfg.hidden_size}")
+        if hcfg.vocab_size != tcfg.vocab_size:
+            raise SpecDecError(f"{where} predicts over {hcfg.vocab_size} tokens; the target has {tcfg.vocab_size}")
+        module = MedusaHeads(hcfg)
+        state = _medusa_state(hf, hcfg)
+        state.setdefault("token_map", torch.arange(hcfg.truncated_vocab_size, dtype=torch.long))
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise SpecDecError(f"{where} lacks weights: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    for name, t in state.items():
+        if name in expected and tuple(t.shape) != tuple(expected[name].shape):
+            raise SpecDecError(f"{where}: {name} has shape {tuple(t.shape)}, expected {tuple(expected[name].shape)}")
+    module.load_state_dict({k: v for k, v in state.items() if k in expected})
+    module.to(device)
+    for p in module.parameters():
+        p.data = p.data.to(dtype)
+    module.requires_grad_(False)
+    return LoadedHead(method, module.eval(), path)
+
+
+def pack_head(module: nn.Module) -> None:
+    """Swap the head's linears for the engine's batch-invariant CPU kernels (a no-op off CPU or in fp16)."""
+    from .packed_linear import can_pack, pack_linear
+
+    for name, m in list(module.named_modules()):
+        for child_name, child in list(m.named_children()):
+            if isinstance(child, nn.Linear) and can_pack(child.weight):
+                setattr(m, child_name, pack_linear(child.weight.data, None if child.bias is None else child.bias.data))
+
+
+def hf_state(module: nn.Module, method: str) -> dict[str, torch.Tensor]:
+    """Our module's weights under vLLM's names (q/k/v and gate/up split again)."""
+    state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+    if method == "medusa":
+        out = {}
+        for k, v in state.items():
+            parts = k.split(".")
+            if parts[0] == "blocks":          # blocks.i.j.linear.w -> blocks.i.layers.j.w
+                out[f"blocks.{parts[1]}.layers.{parts[2]}.{parts[-1]}"] = v
+            else:
+                out[k] = v
+        return out
+    cfg: Eagle3Config = module.cfg
+    out = {theirs: state[ours] for theirs, ours in _EAGLE3_NAMES.items()}
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    for ours, parts in _EAGLE3_FUSED.items():
+        sizes = (q, kv, kv) if len(parts) == 3 else (cfg.intermediate_size,) * 2
+        out.update(zip(parts, state[ours].split(sizes)))
+    out["t2d"] = module.t2d().cpu()
+    return out
+
+
+def quantize_int8_rows(state: dict[str, torch.Tensor], min_numel: int = 1024) -> dict[str, torch.Tensor]:
+    """2-D float weights -> int8 + per-row scale (symmetric, round to nearest); small and 1-D tensors unchanged."""
+    out = {}
+    for name, t in state.items():
+        if t.is_floating_point() and t.dim() == 2 and t.numel() >= min_numel and name.endswith(".weight"):
+            scale = t.float().abs().amax(1).clamp(min=1e-12) / 127
+            out[name] = torch.round(t.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)
+            out[name + "_scale"] = scale.to(torch.float32)
+        else:
+            out[name] = t
+    return out
+
+
+def save_head(module: nn.Module, method: str, out: str | Path, extra_config: dict | None = None,
+              int8: bool = False) -> Path:
+    """Write config.json + model.safetensors to `out` via a temporary directory renamed into place (never half
+    written; an existing head at `out` is replaced only once the new one is complete)."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cfg = {**module.cfg.to_hf(), **(extra_config or {})}
+    state = hf_state(module, method)
+    state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in state.items()}
+    if int8:
+        state = quantize_int8_rows(state)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_file(state, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(out, old)
+        os.rename(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

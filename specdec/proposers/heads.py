@@ -1,0 +1,19 @@
+"""One factory for the learned heads' proposers (the engine builds them from the loaded head modules)."""
+from __future__ import annotations
+
+from ..models.heads import HEAD_METHODS
+from .base import Proposer
+
+__all__ = ["HEAD_METHODS", "make_head_proposer"]
+
+
+def make_head_proposer(method: str, head, target, vocab_size: int, max_total_tokens: int) -> Proposer:
+    if method == "eagle3":
+        from .eagle import Eagle3Proposer
+
+        return Eagle3Proposer(head, target.embed_tokens, vocab_size, max_total_tokens)
+    if method == "medusa":
+        from .medusa import MedusaProposer
+
+        return MedusaProposer(head, target.config.num_layers, vocab_size)
+    raise ValueError(f"no learned head method '{method}'")

@@ -1,0 +1,62 @@
+"""Medusa: K heads over the target's last hidden state guess the next K tokens at once, with no forward of their
+own beyond K small matmuls.
+
+The state that matters is the final hidden state of the last committed row (the row whose logits chose the newest
+token); the engine hands it over after every target forward (`accept_hidden`). Head j's guess is the draft token
+j + 1 places after the newest token. The guesses do not condition on each other, which verification allows: each
+q_draft row is a distribution over the draft token at that place given the prefix, as exact rejection sampling
+requires (a head's distribution simply ignores the earlier guesses).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..models.medusa import MedusaHeads
+from .base import Draft, ProposalContext, Proposer, draft_token
+
+
+class MedusaProposer(Proposer):
+    name = "medusa"
+
+    def __init__(self, heads: MedusaHeads, num_layers: int, vocab_size: int):
+        self.heads = heads
+        self.vocab_size = vocab_size
+        self.target_hidden = (num_layers,)          # the target's final normed hidden state
+        self.last: dict[int, tuple[int, torch.Tensor]] = {}   # seq -> (position, hidden [H]) of its last committed row
+
+    def accept_hidden(self, seq_id: int, start: int, hidden: dict[int, torch.Tensor]) -> None:
+        rows = hidden[self.target_hidden[0]]
+        self.last[seq_id] = (start + rows.shape[0] - 1, rows[-1])
+
+    @torch.inference_mode()
+    def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
+        out = [Draft(torch.empty(0, dtype=torch.long)) for _ in ctxs]
+        live = [(i, min(k, self.heads.cfg.num_heads)) for i, (ctx, k) in enumerate(zip(ctxs, ks))
+                if k > 0 and self.last.get(ctx.seq_id, (-1,))[0] == len(ctx.token_ids) - 2]
+        if not live:
+            return out
+        h = torch.stack([self.last[ctxs[i].seq_id][1] for i, _ in live])          # [S, H]
+        head_logits = self.heads(h, max(k for _, k in live))                      # per head [S, head vocab]
+        tmap = self.heads.token_map
+        for row, (i, k) in enumerate(live):
+            q_rows: list[torch.Tensor] = []
+            toks = []
+            for j in range(k):
+                lg = head_logits[j][row: row + 1]
+                if self.heads.truncated:
+                    full = lg.new_full((1, self.heads.cfg.vocab_size), float("-inf"))
+                    full[:, tmap] = lg
+                    lg = full
+                lg = lg[:, : self.vocab_size]             # the tokenizer's tokens (a model's padding rows never)
+                toks.append(draft_token(lg, ctxs[i], q_rows))
+            if ctxs[i].constraint is not None:
+                ctxs[i].constraint.rollback_draft()
+            out[i] = Draft(torch.tensor(toks, dtype=torch.long), torch.stack(q_rows) if q_rows else None)
+        return out
+
+    def release(self, seq_id: int) -> None:
+        self.last.pop(seq_id, None)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.heads.weight_nbytes()

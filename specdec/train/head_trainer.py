@@ -1,0 +1,336 @@
+"""`specdec train-head`: train an EAGLE-3 or Medusa head for a target, on this machine (CPU or CUDA).
+
+1. Text: documents from the sources (train/data.py), each up to `doc_len` tokens of context.
+2. Draft vocabulary: the `draft_vocab` most frequent tokens of that text (plus the end tokens), ascending by id.
+3. Features, teacher-forced through the target over whole documents (a window's states carry their context),
+   kept in memory only: per token the hidden states the head reads
+   (EAGLE-3: the inputs of three layers; Medusa: the final normed state) in the runtime dtype, and the target's
+   top-k next-token probabilities (never whole 152k-wide rows). ~9 KB a token for EAGLE-3 on the 1.5B.
+4. Training: soft cross-entropy against the target's distribution restricted to the draft vocabulary.
+   EAGLE-3 unrolls `ttt_steps` steps of training-time test (step j's row t predicts x_{t+j+2} from the head's own
+   output of step j-1; losses weighted 0.8^j, as in the paper's reference code); Medusa head i predicts x_{t+i+2}
+   from the state at t (weights 0.8^i). AdamW, linear warm-up then cosine decay, gradient clipping.
+5. Checkpoints every `checkpoint_every` steps (written atomically; `--resume` continues from the last), and the
+   head saved in vLLM's layout (models/heads.py) with what it was trained on in `training.json`.
+
+Initialisation follows the methods' reference code where it helps a short run: Medusa's blocks start as the
+identity and its output heads as the target's rows; EAGLE-3's output head and final norm start from the target's,
+`fc` from the identity on the last layer it reads, and the layer's output projections (o_proj, down_proj) at zero,
+so the untrained head already predicts roughly what the target's late states predict.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import SpecDecError
+
+
+@dataclass
+class TrainConfig:
+    method: str                         # eagle3 | medusa
+    data: str                           # comma list of sources (train/data.py)
+    out: str
+    seq_len: int = 512                  # tokens per training window (the head's attention span in training)
+    doc_len: int = 2048                 # tokens of context per document when the target computes the features
+    max_tokens: int | None = None       # cap on training tokens, spread evenly over the sources
+    epochs: float = 1.0
+    batch_seqs: int = 4
+    lr: float = 5e-4
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    draft_vocab: int = 8192             # EAGLE-3's draft vocabulary / Medusa's truncated vocabulary
+    intermediate_size: int | None = None   # EAGLE-3's MLP width (None: the target's)
+    ttt_steps: int = 3                  # EAGLE-3 training-time-test depth
+    num_heads: int = 3                  # Medusa heads
+    topk: int = 16                      # target probabilities kept per token
+    checkpoint_every: int = 50
+    resume: bool = False
+    int8: bool = False                  # store 2-D weights as int8 + per-row scale (a shipped head <= 50 MB)
+    seed: int = 0
+    regenerate: int = 0                 # > 0: chat sources get the target's own greedy answers, up to this many
+                                        # tokens (self-distillation), generated batched by the engine
+    regenerate_seqs: int = 16           # sequences decoded together while regenerating
+
+    def __post_init__(self):
+        if self.method not in ("eagle3", "medusa"):
+            raise SpecDecError(f"train-head --method must be eagle3 or medusa, got '{self.method}'")
+        if self.regenerate < 0:
+            raise SpecDecError("train-head: regenerate must be >= 0")
+        for name in ("seq_len", "doc_len", "batch_seqs", "draft_vocab", "ttt_steps", "num_heads", "topk", "checkpoint_every",
+                     "regenerate_seqs"):
+            if getattr(self, name) < 1:
+                raise SpecDecError(f"train-head: {name.replace('_', '-')} must be >= 1")
+        if self.epochs <= 0 or self.lr <= 0:
+            raise SpecDecError("train-head: epochs and lr must be > 0")
+
+
+@dataclass
+class Features:
+    tokens: list[torch.Tensor]          # per document [T] long
+    states: list[torch.Tensor]          # per document [T, S] the head's input states (runtime dtype)
+    top_ids: list[torch.Tensor]         # per document [T, K] int32 target ids of the top-k next tokens
+    top_p: list[torch.Tensor]           # per document [T, K] fp32 their probabilities
+
+    def window(self, doc: int, start: int, end: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t[doc][start:end] for t in (self.tokens, self.states, self.top_ids, self.top_p))
+
+
+def target_head_weight(model) -> torch.Tensor:
+    """The target's output head as a float matrix [V, H], whatever kernel it was packed for (head(I) = W^T)."""
+    H = model.config.hidden_size
+    eye = torch.eye(H, dtype=model.embed_tokens.weight.dtype, device=model.embed_tokens.weight.device)
+    return model.compute_logits(eye).t().contiguous()                                   # [V, H] fp32
+
+
+def draft_vocabulary(docs: list[list[int]], size: int, vocab: int, always: list[int]) -> torch.Tensor:
+    """The `size` most frequent tokens of the text (ties: lower id) plus `always`, ascending  # [<= size]"""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for w in docs:
+        counts += torch.bincount(torch.tensor(w), minlength=vocab)[:vocab]
+    for t in always:
+        counts[t] = counts.max() + 1
+    order = torch.argsort(-counts * vocab - (vocab - torch.arange(vocab)), stable=True)
+    return torch.sort(order[: min(size, vocab)]).values
+
+
+@torch.inference_mode()
+def extract_features(model, docs: list[list[int]], layers: tuple[int, ...], topk: int, progress: bool) -> Features:
+    from ..models.runner import Span, forward_spans
+    from ..utils import progress_bar
+
+    feats = Features([], [], [], [])
+    for w in progress_bar(docs, "features", progress):
+        kv = model.new_kv()
+        kv.resize(-(-len(w) // model.key_block) * model.key_block)
+        logits, hidden = forward_spans(model, [Span(kv, 0, list(w), "all", hidden=True)], layers)
+        p = torch.softmax(logits[0], -1)
+        top_p, top_ids = p.topk(topk, -1)
+        feats.tokens.append(torch.tensor(w))
+        feats.states.append(torch.cat([hidden[0][i] for i in layers], -1).clone())
+        feats.top_ids.append(top_ids.to(torch.int32))
+        feats.top_p.append(top_p.float())
+    return feats
+
+
+def soft_targets(top_ids: torch.Tensor, top_p: torch.Tensor, t2d: torch.Tensor, vd: int) -> tuple[torch.Tensor,
+                                                                                                    torch.Tensor]:
+    """top-k target ids/probs [..., K] -> (distribution over the draft vocabulary [..., vd], weight [...]): the
+    top-k mass inside the draft vocabulary, renormalised; weight 0 where the target's top token is outside it."""
+    d = t2d[top_ids.long()]                                            # [..., K] draft index or -1
+    inside = d >= 0
+    dense = torch.zeros(*top_ids.shape[:-1], vd, dtype=torch.float32, device=top_ids.device)
+    dense.scatter_add_(-1, d.clamp(min=0), top_p.float() * inside)
+    mass = dense.sum(-1, keepdim=True)
+    weight = (inside[..., 0] & (mass[..., 0] > 0)).float()
+    return dense / mass.clamp(min=1e-9), weight
+
+
+def _soft_ce(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # logits/target [B, T, vd], weight [B, T] -> (loss, top-1 agreement) over weighted rows
+    logp = torch.log_softmax(logits.float(), -1)
+    loss = -(target * logp).sum(-1)
+    n = weight.sum().clamp(min=1)
+    agree = ((logits.argmax(-1) == target.argmax(-1)).float() * weight).sum() / n
+    return (loss * weight).sum() / n, agree
+
+
+class HeadTrainer:
+    def __init__(self, cfg: TrainConfig, target, progress: bool = True):
+        """target: a LoadedModel (the engine's runtime model: its states are what the head will read)."""
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.target, self.progress = cfg, target, progress
+        self.model = target.model
+        self.device = self.model.embed_tokens.weight.device
+
+    # -- the pieces ----------------------------------------------------------------------------------------------
+    def build_head(self, vocab_ids: torch.Tensor):
+        from ..models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
+        from ..models.medusa import MedusaConfig, MedusaHeads
+
+        c, mc = self.cfg, self.model.config
+        w_head = target_head_weight(self.model)[vocab_ids.to(self.device)]               # [vd, H] fp32
+        name = self.target.name
+        if c.method == "medusa":
+            head = MedusaHeads(MedusaConfig(mc.hidden_size, mc.vocab_size, c.num_heads, 1, len(vocab_ids), name))
+            head.token_map.copy_(vocab_ids)
+            with torch.no_grad():
+                for lm in head.lm_heads:
+                    lm.weight.copy_(w_head)
+            return head
+        aux = default_aux_layers(mc.num_layers)
+        ec = Eagle3Config(mc.hidden_size, c.intermediate_size or mc.intermediate_size, mc.num_heads, mc.num_kv_heads,
+                          mc.head_dim, mc.vocab_size, len(vocab_ids), mc.rms_norm_eps, mc.rope_theta,
+                          mc.max_position_embeddings, mc.hidden_size, aux, False, name)
+        head = Eagle3Head(ec)
+        head.set_vocab(vocab_ids)
+        H = mc.hidden_size
+        with torch.no_grad():
+            head.lm_head.weight.copy_(w_head)
+            head.norm.weight.copy_(self.model.norm.weight.float())
+            head.fc.weight.zero_()
+            head.fc.weight[:, (len(aux) - 1) * H:] = torch.eye(H)
+            head.self_attn.o_proj.weight.zero_()
+            head.mlp.down_proj.weight.zero_()
+        return head
+
+    def layers(self) -> tuple[int, ...]:
+        from ..models.eagle3 import default_aux_layers
+
+        n = self.model.config.num_layers
+        return (n,) if self.cfg.method == "medusa" else default_aux_layers(n)
+
+    def loss(self, head, batch: list[tuple[int, int, int]], feats: Features, t2d: torch.Tensor, vd: int):
+        """Mean weighted loss and per-step top-1 agreement over a batch of windows (document, start, end)."""
+        c = self.cfg
+        parts = [feats.window(*w) for w in batch]
+        T = max(len(p[0]) for p in parts)
+        pad = lambda t, fill=0: F.pad(t, (0, 0) * (t.dim() - 1) + (0, T - t.shape[0]), value=fill)  # noqa: E731
+        x = torch.stack([pad(p[0]) for p in parts]).to(self.device)                               # [B, T]
+        valid = torch.stack([pad(torch.ones(len(p[0]), dtype=torch.bool), False) for p in parts]).to(self.device)
+        states = torch.stack([pad(p[1]) for p in parts]).to(self.device).float()                  # [B, T, S]
+        ids = torch.stack([pad(p[2]) for p in parts]).to(self.device)
+        probs = torch.stack([pad(p[3]) for p in parts]).to(self.device)
+        target, weight = soft_targets(ids, probs, t2d, vd)                                         # [B, T, vd]
+        weight = weight * valid.to(weight)
+        steps = c.ttt_steps if c.method == "eagle3" else c.num_heads
+        if c.method == "eagle3":
+            with torch.no_grad():
+                emb = self.model.embed_tokens(torch.cat([x[:, 1:], x[:, -1:]], 1)).float()         # x_{t+1}
+            outs = head.train_forward(emb, head.fc(states), steps)
+        else:
+            outs = head(states)
+        total, agree = 0.0, []
+        for j, logits in enumerate(outs):
+            # row t predicts x_{t+j+2}: the target's distribution at position t+j+1
+            tgt = torch.cat([target[:, j + 1:], target[:, :j + 1] * 0], 1)
+            w = torch.cat([weight[:, j + 1:], weight[:, :j + 1] * 0], 1)
+            loss_j, agree_j = _soft_ce(logits, tgt, w)
+            total = total + 0.8 ** j * loss_j
+            agree.append(float(agree_j))
+        return total, agree
+
+    def regenerate(self, asks: list[list[dict]]) -> list[list[int]]:
+        """Each conversation's opening turn followed by the target's greedy answer  # token ids (prompt + answer)"""
+        from ..engine import LLMEngine, SchedulerConfig
+        from ..sampling_params import SamplingParams
+        from ..utils import progress_bar
+
+        tok = self.target.tokenizer
+        engine = LLMEngine(self.model, tok, scheduler=SchedulerConfig(max_num_seqs=self.cfg.regenerate_seqs,
+                                                                      max_num_batched_tokens=1024))
+        params = SamplingParams(max_tokens=self.cfg.regenerate, temperature=0.0)
+        seqs = []                                   # None where the prompt leaves no room for the answer
+        for i, msgs in enumerate(asks):
+            ids = tok.encode_chat(msgs)
+            fits = len(ids) + self.cfg.regenerate < min(engine.max_model_len, self.cfg.doc_len)
+            seqs.append(engine.add_request(f"regen-{i}", ids, params) if fits else None)
+        bar = progress_bar(range(sum(s is not None for s in seqs)), "regenerate", self.progress)
+        done = 0
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.error is not None:
+                    raise out.error
+                if out.delta is not None and out.delta.finished:
+                    if hasattr(bar, "update"):
+                        bar.update(1)
+        if hasattr(bar, "close"):
+            bar.close()
+        return [None if s is None else s.prompt_ids + s.output_ids for s in seqs]
+
+    # -- the run -------------------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        from ..models.heads import save_head, target_fingerprint
+        from ..utils import progress_bar
+        from .data import load_sequences
+
+        c = self.cfg
+        t0 = time.perf_counter()
+        tok = self.target.tokenizer
+        docs = load_sequences(c.data, tok, c.doc_len, c.max_tokens, self.regenerate if c.regenerate else None)
+        num_tokens = sum(len(d) for d in docs)
+        windows = [(i, s, min(s + c.seq_len, len(d))) for i, d in enumerate(docs) for s in range(0, len(d), c.seq_len)
+                   if min(s + c.seq_len, len(d)) - s >= 8]
+        vocab = self.model.config.vocab_size
+        vocab_ids = draft_vocabulary(docs, c.draft_vocab, vocab, list(tok.eos_token_ids))
+        t2d = torch.full((vocab,), -1, dtype=torch.long)
+        t2d[vocab_ids] = torch.arange(len(vocab_ids))
+        t2d = t2d.to(self.device)
+        feats = extract_features(self.model, docs, self.layers(), c.topk, self.progress)
+        t_feat = time.perf_counter() - t0
+        head = self.build_head(vocab_ids).float().to(self.device).train()
+        opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=c.lr,
+                                weight_decay=c.weight_decay, betas=(0.9, 0.95))
+        steps_per_epoch = math.ceil(len(windows) / c.batch_seqs)
+        total_steps = max(1, math.ceil(steps_per_epoch * c.epochs))
+        ckpt = os.path.join(c.out + ".checkpoint.pt")
+        start, history = 0, []
+        if c.resume and os.path.isfile(ckpt):
+            state = torch.load(ckpt, map_location=self.device, weights_only=False)
+            if state["config"] != asdict(c) | {"resume": state["config"]["resume"]}:
+                raise SpecDecError(f"{ckpt} was written by a run with other settings; remove it or run without "
+                                   "--resume")
+            head.load_state_dict(state["head"])
+            opt.load_state_dict(state["optimizer"])
+            start, history = state["step"], state["history"]
+        g = torch.Generator().manual_seed(c.seed)
+        order = [torch.randperm(len(windows), generator=g).tolist() for _ in range(math.ceil(c.epochs))]   # per epoch
+
+        def lr_at(step):
+            if step < c.warmup_steps:
+                return c.lr * (step + 1) / c.warmup_steps
+            frac = (step - c.warmup_steps) / max(1, total_steps - c.warmup_steps)
+            return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+        autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if self.device.type == "cpu"
+                    else torch.autocast("cuda", dtype=torch.bfloat16))
+        bar = progress_bar(range(start, total_steps), "train", self.progress)
+        t1 = time.perf_counter()
+        for step in bar:
+            epoch, i = divmod(step, steps_per_epoch)
+            batch = [windows[j] for j in order[epoch][i * c.batch_seqs: (i + 1) * c.batch_seqs]]
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
+            with autocast:
+                loss, agree = self.loss(head, batch, feats, t2d, len(vocab_ids))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), c.grad_clip)
+            opt.step()
+            history.append({"step": step, "loss": round(loss.item(), 4), "agree": [round(a, 3) for a in agree]})
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", agree=" ".join(f"{a:.2f}" for a in agree))
+            if (step + 1) % c.checkpoint_every == 0 and step + 1 < total_steps:
+                _save_atomic({"config": asdict(c), "head": head.state_dict(), "optimizer": opt.state_dict(),
+                              "step": step + 1, "history": history}, ckpt)
+        t_train = time.perf_counter() - t1
+        tail = history[-max(1, len(history) // 10):]
+        info = {"method": c.method, "target": self.target.name, "data": c.data, "documents": len(docs),
+                "windows": len(windows),
+                "tokens": num_tokens, "draft_vocab": len(vocab_ids), "steps": total_steps,
+                "feature_s": round(t_feat, 1), "train_s": round(t_train, 1),
+                "final_loss": round(sum(h["loss"] for h in tail) / len(tail), 4),
+                "final_agree": [round(sum(h["agree"][j] for h in tail) / len(tail), 3)
+                                for j in range(len(tail[-1]["agree"]))] if tail else [],
+                "device": str(self.device), "threads": torch.get_num_threads(), "config": asdict(c)}
+        extra = {"specdec_target_fingerprint": target_fingerprint(self.model)}
+        save_head(head, c.method, c.out, extra, int8=c.int8)
+        from ..utils import write_json_atomic
+
+        write_json_atomic(os.path.join(c.out, "training.json"), {**info, "history": history})
+        if os.path.isfile(ckpt):
+            os.unlink(ckpt)
+        return info
+
+
+def _save_atomic(obj, path: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)

@@ -1,0 +1,298 @@
+"""Learned draft heads (EAGLE-3, Medusa) on tiny random models: greedy parity, the head's inference forward against
+its training forward, loading the layouts users have, refusals with precise messages, and a training run."""
+import json
+
+import pytest
+import torch
+
+from specdec.config import SpeculativeConfig
+from specdec.engine import LLMEngine
+from specdec.errors import SpecDecError
+from specdec.models.attn_metadata import causal_metadata
+from specdec.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
+from specdec.models.heads import load_head, save_head, target_fingerprint
+from specdec.models.medusa import MedusaConfig, MedusaHeads
+from specdec.models.runner import Span, forward_spans
+from specdec.sampling_params import SamplingParams
+
+PROMPT = "def add(a, b):\n    return a + b\n\nclass Cache:"
+
+
+def _eagle3(target, draft_vocab=200, seed=0, std=0.2):
+    c = target.config
+    torch.manual_seed(seed)
+    head = Eagle3Head(Eagle3Config(c.hidden_size, 96, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
+                                   draft_vocab, aux_layers=default_aux_layers(c.num_layers)))
+    for p in head.parameters():
+        if p.dim() == 2:
+            torch.nn.init.normal_(p, 0, std)
+    head.set_vocab(torch.randperm(c.vocab_size)[:draft_vocab].sort().values)
+    return head
+
+
+def _medusa(target, heads=3, truncated=0, seed=0):
+    c = target.config
+    torch.manual_seed(seed)
+    m = MedusaHeads(MedusaConfig(c.hidden_size, c.vocab_size, heads, 1, truncated))
+    for p in m.parameters():
+        if p.dim() == 2:
+            torch.nn.init.normal_(p, 0, 0.2)
+    if truncated:
+        m.token_map.copy_(torch.randperm(c.vocab_size)[:truncated].sort().values)
+    return m
+
+
+@pytest.fixture(scope="module")
+def heads(tiny_models, tmp_path_factory):
+    """A random EAGLE-3 head and Medusa heads for the tiny target, saved and loaded back as users' heads are."""
+    target, _ = tiny_models
+    base = tmp_path_factory.mktemp("heads")
+    save_head(_eagle3(target.model), "eagle3", base / "e3",
+              {"specdec_target_fingerprint": target_fingerprint(target.model)})
+    save_head(_medusa(target.model, truncated=150), "medusa", base / "med")
+    return {"eagle3": load_head(base / "e3", target.model, torch.float32).module,
+            "medusa": load_head(base / "med", target.model, torch.float32).module, "dir": base}
+
+
+def _run(engine, ids, method, k, params=None, rid="r"):
+    seq = engine.add_request(rid, ids, params or SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
+                             SpeculativeConfig(method, k))
+    while not seq.finished:
+        for out in engine.step():
+            if out.error is not None:
+                raise out.error
+    return seq
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_parity_heads(tiny_models, heads, k):
+    target, _ = tiny_models
+    ids = target.tokenizer.encode(PROMPT)
+    engine = LLMEngine(target.model, target.tokenizer, heads={"eagle3": heads["eagle3"], "medusa": heads["medusa"]})
+    base = _run(engine, ids, "none", None).output_ids
+    for method in ("eagle3", "medusa"):
+        seq = _run(engine, ids, method, k)
+        assert seq.output_ids == base, method
+        assert seq.stats.draft_tokens > 0, method          # the head drafted every step
+
+
+def test_heads_batched_beside_other_methods_keep_parity(tiny_models, heads):
+    """Sequences of every method in one engine, stepping together, prompts of different lengths: each output is
+    its plain greedy output (the head's states are routed per sequence)."""
+    target, draft = tiny_models
+    tok = target.tokenizer
+    prompts = [tok.encode(PROMPT), tok.encode("class Cache:\n    def rollback(self, n):"), tok.encode("def f(x):")]
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    plain = [_run(LLMEngine(target.model, tok), p, "none", None, params).output_ids for p in prompts]
+    engine = LLMEngine(target.model, tok, draft.model, heads={"eagle3": heads["eagle3"], "medusa": heads["medusa"]})
+    seqs = [engine.add_request(f"{m}{i}", p, params, SpeculativeConfig(m, 3))
+            for m in ("eagle3", "medusa", "draft") for i, p in enumerate(prompts)]
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert out.error is None
+    for s in seqs:
+        assert s.output_ids == plain[int(s.request_id[-1])], s.request_id
+    assert not engine.heads["eagle3"].kv.caches and not engine.heads["medusa"].last    # released when finished
+
+
+def test_eagle3_inference_matches_training_forward(tiny_models):
+    """The head's engine forward (KV cache, fused ops) equals its training forward (whole sequence, training-time
+    test): step 0 over target-fed rows, and a chained row fed the head's own output and its guess."""
+    target, _ = tiny_models
+    model = target.model
+    head = _eagle3(model, std=0.1).float()
+    ids = target.tokenizer.encode(PROMPT)[:12]
+    T = len(ids)
+    kv = model.new_kv()
+    kv.resize(T)
+    aux = head.cfg.aux_layers
+    _, hidden = forward_spans(model, [Span(kv, 0, ids, "none", hidden=True)], aux)
+    states = torch.cat([hidden[0][i] for i in aux], -1).clone()                     # [T, 3H]
+    x = torch.tensor(ids)
+    emb = model.embed_tokens(torch.cat([x[1:], x[-1:]])).clone()                      # row t: x_{t+1}
+    with torch.no_grad():
+        train = head.train_forward(emb[None], head.fc(states)[None], 2)             # steps 0 and 1
+    hkv = head.new_kv()
+    hkv.resize(T + 1)
+    p = T - 3                                                                       # rows 0..p: target-fed
+    g = head.fuse(states[: p + 1])
+    h = head(emb[: p + 1], g, torch.arange(p + 1), causal_metadata([(hkv, 0, p + 1, False)]))
+    torch.testing.assert_close(head.compute_logits(h), train[0][0, : p + 1].float(), rtol=1e-4, atol=1e-4)
+    # the chained row at position p+1: the head's output at p and the token x_{p+2}
+    h2 = head(model.embed_tokens(x[p + 2: p + 3]), h[p: p + 1], torch.tensor([p + 1]),
+              causal_metadata([(hkv, p + 1, 1, True)]))
+    torch.testing.assert_close(head.compute_logits(h2)[0], train[1][0, p].float(), rtol=1e-4, atol=1e-4)
+
+
+def test_vllm_and_authors_layouts_load(tiny_models, heads, tmp_path):
+    target, _ = tiny_models
+    cfg = json.loads((heads["dir"] / "e3" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    from safetensors.torch import load_file, save_file
+
+    names = set(load_file(str(heads["dir"] / "e3" / "model.safetensors")))
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.mlp.gate_proj.weight", "lm_head.weight",
+            "d2t", "t2d"} <= names
+    # the Medusa authors' layout: {head}.{block}.linear.*, {head}.{num_layers}.weight, config medusa_num_heads
+    m = _medusa(target.model, heads=2)
+    authors = {}
+    for i in range(2):
+        authors[f"{i}.0.linear.weight"] = m.blocks[i][0].linear.weight.detach()
+        authors[f"{i}.0.linear.bias"] = m.blocks[i][0].linear.bias.detach()
+        authors[f"{i}.1.weight"] = m.lm_heads[i].weight.detach()
+    d = tmp_path / "authors"
+    d.mkdir()
+    save_file(authors, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1,
+                                               "hidden_size": target.config.hidden_size,
+                                               "vocab_size": target.config.vocab_size}))
+    loaded = load_head(d, target.model, torch.float32).module
+    h = torch.randn(3, target.config.hidden_size)
+    for a, b in zip(loaded(h), m(h)):
+        torch.testing.assert_close(a, b)
+
+
+def test_int8_storage_is_close_and_smaller(tiny_models, tmp_path):
+    target, _ = tiny_models
+    head = _eagle3(target.model, draft_vocab=300)
+    save_head(head, "eagle3", tmp_path / "bf16")
+    save_head(head, "eagle3", tmp_path / "int8", int8=True)
+    size = lambda d: (d / "model.safetensors").stat().st_size                       # noqa: E731
+    assert size(tmp_path / "int8") < 0.7 * size(tmp_path / "bf16")
+    a = load_head(tmp_path / "bf16", target.model, torch.float32).module
+    b = load_head(tmp_path / "int8", target.model, torch.float32).module
+    w_a, w_b = a.mlp.gate_up_proj.weight, b.mlp.gate_up_proj.weight
+    assert (w_a - w_b).abs().max() <= w_a.abs().amax(1).max() / 127 + 1e-2
+
+
+def test_mismatched_heads_are_refused_with_precise_messages(tiny_models, heads, tmp_path, tiny_dirs):
+    target, draft = tiny_models
+    # trained for another target (fingerprint)
+    with pytest.raises(SpecDecError, match="trained for another target"):
+        load_head(heads["dir"] / "e3", draft.model, torch.float32)
+    # hidden size
+    d = tmp_path / "wide"
+    m = MedusaHeads(MedusaConfig(target.config.hidden_size * 2, target.config.vocab_size, 2))
+    save_head(m, "medusa", d)
+    with pytest.raises(SpecDecError, match="hidden size 128; the target's is 64"):
+        load_head(d, target.model, torch.float32)
+    # vocabulary
+    m = MedusaHeads(MedusaConfig(target.config.hidden_size, target.config.vocab_size + 8, 2))
+    save_head(m, "medusa", tmp_path / "vocab")
+    with pytest.raises(SpecDecError, match="predicts over 332 tokens; the target has 324"):
+        load_head(tmp_path / "vocab", target.model, torch.float32)
+    # layers it reads
+    cfg = json.loads((heads["dir"] / "e3" / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 40]
+    cfg.pop("specdec_target_fingerprint")
+    bad = tmp_path / "layers"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps(cfg))
+    (bad / "model.safetensors").write_bytes((heads["dir"] / "e3" / "model.safetensors").read_bytes())
+    with pytest.raises(SpecDecError, match=r"reads target layers \[0, 1, 40\]; the target has 2 layers"):
+        load_head(bad, target.model, torch.float32)
+    # not a head
+    with pytest.raises(SpecDecError, match="not a draft head"):
+        load_head(tiny_dirs["target"], target.model, torch.float32)
+    # a method whose head is not loaded
+    engine = LLMEngine(target.model, target.tokenizer)
+    with pytest.raises(SpecDecError, match="'eagle3' needs its head loaded"):
+        engine.add_request("x", [1, 2, 3], SamplingParams(max_tokens=4), SpeculativeConfig("eagle3", 2))
+
+
+def _train_cfg(method, src, out, **kw):
+    from specdec.train.head_trainer import TrainConfig
+
+    base = dict(seq_len=48, epochs=6, batch_seqs=4, lr=3e-3, warmup_steps=4, draft_vocab=160,
+                intermediate_size=64, checkpoint_every=8, ttt_steps=2, num_heads=2)
+    base.update(kw)
+    return TrainConfig(method, str(src), str(out), **base)
+
+
+@pytest.fixture(scope="module")
+def code_dir(tmp_path_factory):
+    from conftest import CORPUS
+
+    d = tmp_path_factory.mktemp("code")
+    (d / "a.py").write_text(CORPUS * 6)
+    (d / "b.py").write_text(CORPUS[::-1] * 3)
+    return d
+
+
+@pytest.fixture(scope="module")
+def chat_jsonl(tmp_path_factory):
+    from conftest import CORPUS
+
+    path = tmp_path_factory.mktemp("chat") / "asks.jsonl"
+    words = CORPUS.split()
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": " ".join(words[i: i + 6])}]}) + "\n"
+                            for i in range(0, 48, 2)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def smooth_target(tmp_path_factory):
+    """A tiny target with smaller weights: its answers settle into patterns a tiny head can learn in seconds (the
+    default tiny target's text is close to random)."""
+    from conftest import make_tiny_model
+    from specdec.models.loader import load_model
+
+    d = make_tiny_model(tmp_path_factory.mktemp("smooth") / "target", seed=0, weight_std=0.1)
+    return load_model(str(d), dtype="float32", device="cpu", progress=False)
+
+
+@pytest.mark.parametrize("method", ["eagle3", "medusa"])
+def test_train_head_learns_the_target_and_serves(smooth_target, code_dir, chat_jsonl, tmp_path, method):
+    """A tiny self-distillation run (the target answers the chat prompts, then the head learns from its states): the
+    loss falls, the head agrees with the target more than at the start, and the saved head loads and drafts in the
+    engine with greedy parity and accepted tokens on a prompt it was trained on. (The real pair's figures come from
+    `specdec bench offline`; this checks the pipeline end to end.)"""
+    from specdec.train.head_trainer import HeadTrainer
+
+    target = smooth_target
+    cfg = _train_cfg(method, f"{chat_jsonl},{code_dir}", tmp_path / "h", regenerate=40, regenerate_seqs=8, epochs=8,
+                     draft_vocab=1000)                            # every token: a random model says rare ones
+    info = HeadTrainer(cfg, target, progress=False).run()
+    hist = json.loads((tmp_path / "h" / "training.json").read_text())["history"]
+    first = sum(h["loss"] for h in hist[:4]) / 4
+    last = sum(h["loss"] for h in hist[-4:]) / 4
+    assert last < 0.8 * first, (first, last)
+    assert info["final_agree"][0] > hist[0]["agree"][0] + 0.1
+    head = load_head(tmp_path / "h", target.model, torch.float32).module
+    engine = LLMEngine(target.model, target.tokenizer, heads={method: head})
+    ask = json.loads(chat_jsonl.read_text().splitlines()[3])["messages"]
+    ids = target.tokenizer.encode_chat(ask)
+    base = _run(engine, ids, "none", None).output_ids
+    seq = _run(engine, ids, method, 3)
+    assert seq.output_ids == base
+    assert seq.stats.acceptance_rate > 0.1, seq.stats.acceptance_rate
+
+
+def test_train_head_resumes_to_the_same_head(tiny_models, code_dir, tmp_path, monkeypatch):
+    """Interrupted after a checkpoint and resumed, a run ends with the weights an uninterrupted run ends with."""
+    from specdec.train.head_trainer import HeadTrainer
+
+    target, _ = tiny_models
+    HeadTrainer(_train_cfg("eagle3", code_dir, tmp_path / "a", epochs=3), target, progress=False).run()
+    calls = {"n": 0}
+    real = HeadTrainer.loss
+
+    def interrupted(self, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 11:                       # after the checkpoint of step 8
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(HeadTrainer, "loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        HeadTrainer(_train_cfg("eagle3", code_dir, tmp_path / "b", epochs=3), target, progress=False).run()
+    assert (tmp_path / "b.checkpoint.pt").is_file() and not (tmp_path / "b").exists()
+    monkeypatch.setattr(HeadTrainer, "loss", real)
+    HeadTrainer(_train_cfg("eagle3", code_dir, tmp_path / "b", epochs=3, resume=True), target, progress=False).run()
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(tmp_path / "b" / "model.safetensors"))
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    hist = json.loads((tmp_path / "b" / "training.json").read_text())["history"]
+    assert [h["step"] for h in hist] == list(range(len(hist)))
