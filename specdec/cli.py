@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .models.registry import DEFAULT_TARGET
 
     th = sub.add_parser("train-head", help="train an EAGLE-3 or Medusa draft head for a target on this machine")
-    th.add_argument("--method", required=True, choices=["eagle3", "medusa"])
+    th.add_argument("--method", required=True, choices=["eagle3", "medusa", "eagle3,medusa"],
+                    help="eagle3,medusa: both heads from one pass over the target (saved to OUT/eagle3, OUT/medusa)")
     th.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, .gguf file or HF directory")
     th.add_argument("--data", required=True,
                     help="comma list: sharegpt:N, humaneval[A:B], a .jsonl file (messages | text | prompt+completion), "
@@ -315,10 +316,10 @@ def cmd_train_head(args) -> int:
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     target = load_model(args.target, dtype=args.dtype, device=args.device, progress=not args.no_progress,
                         quantization=args.quantization)
-    info = HeadTrainer(cfg, target, progress=not args.no_progress).run()
-    print(f"{cfg.method} head for {info['target']}: {info['tokens']} tokens in {info['windows']} windows, "
-          f"{info['steps']} steps; features {info['feature_s']} s, training {info['train_s']} s; final loss "
-          f"{info['final_loss']}, top-1 agreement per step {info['final_agree']} -> {cfg.out}")
+    for method, info in HeadTrainer(cfg, target, progress=not args.no_progress).run().items():
+        print(f"{method} head for {info['target']}: {info['tokens']} tokens in {info['windows']} windows, "
+              f"{info['steps']} steps; features {info['feature_s']} s, training {info['train_s']} s; final loss "
+              f"{info['final_loss']}, top-1 agreement per step {info['final_agree']} -> {cfg.out_dir(method)}")
     return 0
 
 

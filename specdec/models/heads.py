@@ -53,11 +53,16 @@ def shipped_head(method: str, target_name: str) -> Path:
 
 
 def target_fingerprint(model) -> str:
-    """A short hash of the target's shape and the first rows of its embedding (same weights -> same print)."""
+    """A short hash of the target's shape and the signs of the first rows of its embedding: the same weights give
+    the same print in any dtype (a sign survives every rounding), other weights a different one."""
     cfg = model.config
-    h = hashlib.sha256(json.dumps([cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads]).encode())
-    rows = model.embed_tokens.weight[:64].detach().to(torch.float32).cpu()
-    h.update(rows.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
+    return fingerprint_of(cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads,
+                          model.embed_tokens.weight[:64])
+
+
+def fingerprint_of(vocab: int, hidden: int, layers: int, heads: int, embed_rows: torch.Tensor) -> str:
+    h = hashlib.sha256(json.dumps([vocab, hidden, layers, heads]).encode())
+    h.update(torch.sign(embed_rows.detach().float().cpu()).to(torch.int8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -258,6 +263,10 @@ def save_head(module: nn.Module, method: str, out: str | Path, extra_config: dic
     try:
         save_file(state, str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)                  # mkdtemp's 0700 would hide the head from other users
+        os.chmod(tmp / "model.safetensors", 0o666 & ~umask)
         old = None
         if out.exists():
             old = out.with_name(f".{out.name}.old")

@@ -34,7 +34,8 @@ from ..errors import SpecDecError
 
 @dataclass
 class TrainConfig:
-    method: str                         # eagle3 | medusa
+    method: str                         # eagle3 | medusa | eagle3,medusa (both from one pass over the target:
+                                        # then saved to OUT/eagle3 and OUT/medusa)
     data: str                           # comma list of sources (train/data.py)
     out: str
     seq_len: int = 512                  # tokens per training window (the head's attention span in training)
@@ -60,8 +61,9 @@ class TrainConfig:
     regenerate_seqs: int = 16           # sequences decoded together while regenerating
 
     def __post_init__(self):
-        if self.method not in ("eagle3", "medusa"):
-            raise SpecDecError(f"train-head --method must be eagle3 or medusa, got '{self.method}'")
+        ms = self.methods
+        if not ms or any(m not in ("eagle3", "medusa") for m in ms) or len(set(ms)) != len(ms):
+            raise SpecDecError(f"train-head --method must be eagle3, medusa or eagle3,medusa, got '{self.method}'")
         if self.regenerate < 0:
             raise SpecDecError("train-head: regenerate must be >= 0")
         for name in ("seq_len", "doc_len", "batch_seqs", "draft_vocab", "ttt_steps", "num_heads", "topk", "checkpoint_every",
@@ -70,6 +72,14 @@ class TrainConfig:
                 raise SpecDecError(f"train-head: {name.replace('_', '-')} must be >= 1")
         if self.epochs <= 0 or self.lr <= 0:
             raise SpecDecError("train-head: epochs and lr must be > 0")
+
+
+    @property
+    def methods(self) -> list[str]:
+        return [m.strip() for m in self.method.split(",") if m.strip()]
+
+    def out_dir(self, method: str) -> str:
+        return self.out if len(self.methods) == 1 else os.path.join(self.out, method)
 
 
 @dataclass
@@ -151,14 +161,14 @@ class HeadTrainer:
         self.device = self.model.embed_tokens.weight.device
 
     # -- the pieces ----------------------------------------------------------------------------------------------
-    def build_head(self, vocab_ids: torch.Tensor):
+    def build_head(self, method: str, vocab_ids: torch.Tensor):
         from ..models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
         from ..models.medusa import MedusaConfig, MedusaHeads
 
         c, mc = self.cfg, self.model.config
         w_head = target_head_weight(self.model)[vocab_ids.to(self.device)]               # [vd, H] fp32
         name = self.target.name
-        if c.method == "medusa":
+        if method == "medusa":
             head = MedusaHeads(MedusaConfig(mc.hidden_size, mc.vocab_size, c.num_heads, 1, len(vocab_ids), name))
             head.token_map.copy_(vocab_ids)
             with torch.no_grad():
@@ -181,13 +191,23 @@ class HeadTrainer:
             head.mlp.down_proj.weight.zero_()
         return head
 
-    def layers(self) -> tuple[int, ...]:
+    def method_layers(self, method: str) -> tuple[int, ...]:
         from ..models.eagle3 import default_aux_layers
 
         n = self.model.config.num_layers
-        return (n,) if self.cfg.method == "medusa" else default_aux_layers(n)
+        return (n,) if method == "medusa" else default_aux_layers(n)
 
-    def loss(self, head, batch: list[tuple[int, int, int]], feats: Features, t2d: torch.Tensor, vd: int):
+    def layers(self) -> tuple[int, ...]:
+        """Every layer some method reads, in the order the feature columns hold them."""
+        return tuple(dict.fromkeys(i for m in self.cfg.methods for i in self.method_layers(m)))
+
+    def columns(self, method: str) -> torch.Tensor:
+        H, order = self.model.config.hidden_size, self.layers()
+        return torch.cat([torch.arange(order.index(i) * H, (order.index(i) + 1) * H)
+                          for i in self.method_layers(method)])
+
+    def loss(self, head, method: str, batch: list[tuple[int, int, int]], feats: Features, t2d: torch.Tensor,
+             vd: int):
         """Mean weighted loss and per-step top-1 agreement over a batch of windows (document, start, end)."""
         c = self.cfg
         parts = [feats.window(*w) for w in batch]
@@ -195,13 +215,14 @@ class HeadTrainer:
         pad = lambda t, fill=0: F.pad(t, (0, 0) * (t.dim() - 1) + (0, T - t.shape[0]), value=fill)  # noqa: E731
         x = torch.stack([pad(p[0]) for p in parts]).to(self.device)                               # [B, T]
         valid = torch.stack([pad(torch.ones(len(p[0]), dtype=torch.bool), False) for p in parts]).to(self.device)
-        states = torch.stack([pad(p[1]) for p in parts]).to(self.device).float()                  # [B, T, S]
+        cols = self.columns(method)
+        states = torch.stack([pad(p[1][:, cols]) for p in parts]).to(self.device).float()         # [B, T, S]
         ids = torch.stack([pad(p[2]) for p in parts]).to(self.device)
         probs = torch.stack([pad(p[3]) for p in parts]).to(self.device)
         target, weight = soft_targets(ids, probs, t2d, vd)                                         # [B, T, vd]
         weight = weight * valid.to(weight)
-        steps = c.ttt_steps if c.method == "eagle3" else c.num_heads
-        if c.method == "eagle3":
+        steps = c.ttt_steps if method == "eagle3" else c.num_heads
+        if method == "eagle3":
             with torch.no_grad():
                 emb = self.model.embed_tokens(torch.cat([x[:, 1:], x[:, -1:]], 1)).float()         # x_{t+1}
             outs = head.train_forward(emb, head.fc(states), steps)
@@ -247,8 +268,7 @@ class HeadTrainer:
 
     # -- the run -------------------------------------------------------------------------------------------------
     def run(self) -> dict:
-        from ..models.heads import save_head, target_fingerprint
-        from ..utils import progress_bar
+        """Data, features, then each method's head trained and saved; returns {method: what was done}."""
         from .data import load_sequences
 
         c = self.cfg
@@ -265,12 +285,21 @@ class HeadTrainer:
         t2d = t2d.to(self.device)
         feats = extract_features(self.model, docs, self.layers(), c.topk, self.progress)
         t_feat = time.perf_counter() - t0
-        head = self.build_head(vocab_ids).float().to(self.device).train()
+        data = {"documents": len(docs), "windows": len(windows), "tokens": num_tokens, "feature_s": round(t_feat, 1)}
+        return {m: self.train(m, c.out_dir(m), windows, feats, t2d, vocab_ids, data) for m in c.methods}
+
+    def train(self, method: str, out: str, windows, feats: Features, t2d, vocab_ids, data: dict) -> dict:
+        from ..models.heads import save_head, target_fingerprint
+        from ..utils import progress_bar, write_json_atomic
+
+        c = self.cfg
+        torch.manual_seed(c.seed)
+        head = self.build_head(method, vocab_ids).float().to(self.device).train()
         opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=c.lr,
                                 weight_decay=c.weight_decay, betas=(0.9, 0.95))
         steps_per_epoch = math.ceil(len(windows) / c.batch_seqs)
         total_steps = max(1, math.ceil(steps_per_epoch * c.epochs))
-        ckpt = os.path.join(c.out + ".checkpoint.pt")
+        ckpt = out.rstrip("/") + ".checkpoint.pt"
         start, history = 0, []
         if c.resume and os.path.isfile(ckpt):
             state = torch.load(ckpt, map_location=self.device, weights_only=False)
@@ -299,7 +328,7 @@ class HeadTrainer:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
             with autocast:
-                loss, agree = self.loss(head, batch, feats, t2d, len(vocab_ids))
+                loss, agree = self.loss(head, method, batch, feats, t2d, len(vocab_ids))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), c.grad_clip)
@@ -312,25 +341,22 @@ class HeadTrainer:
                               "step": step + 1, "history": history}, ckpt)
         t_train = time.perf_counter() - t1
         tail = history[-max(1, len(history) // 10):]
-        info = {"method": c.method, "target": self.target.name, "data": c.data, "documents": len(docs),
-                "windows": len(windows),
-                "tokens": num_tokens, "draft_vocab": len(vocab_ids), "steps": total_steps,
-                "feature_s": round(t_feat, 1), "train_s": round(t_train, 1),
+        info = {"method": method, "target": self.target.name, "data": c.data, **data,
+                "draft_vocab": len(vocab_ids), "steps": total_steps, "train_s": round(t_train, 1),
                 "final_loss": round(sum(h["loss"] for h in tail) / len(tail), 4),
                 "final_agree": [round(sum(h["agree"][j] for h in tail) / len(tail), 3)
                                 for j in range(len(tail[-1]["agree"]))] if tail else [],
                 "device": str(self.device), "threads": torch.get_num_threads(), "config": asdict(c)}
         extra = {"specdec_target_fingerprint": target_fingerprint(self.model)}
-        save_head(head, c.method, c.out, extra, int8=c.int8)
-        from ..utils import write_json_atomic
-
-        write_json_atomic(os.path.join(c.out, "training.json"), {**info, "history": history})
+        save_head(head, method, out, extra, int8=c.int8)
+        write_json_atomic(os.path.join(out, "training.json"), {**info, "history": history})
         if os.path.isfile(ckpt):
             os.unlink(ckpt)
         return info
 
 
 def _save_atomic(obj, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     torch.save(obj, tmp)
     os.replace(tmp, path)
