@@ -11,8 +11,8 @@ def test_bench_decode_is_folded_into_offline(capsys):
 
 
 def test_bench_rejects_unknown_method(capsys):
-    rc = main(["bench", "offline", "--methods", "none,medusa"])
-    assert rc != 0 and "unknown method 'medusa'" in capsys.readouterr().err
+    rc = main(["bench", "offline", "--methods", "none,lookahead"])
+    assert rc != 0 and "unknown method 'lookahead'" in capsys.readouterr().err
 
 
 def test_bench_step_splits_a_decode_step_into_its_parts(tiny_dirs):
