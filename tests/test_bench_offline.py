@@ -174,8 +174,8 @@ def test_bad_inputs_leave_no_results(tmp_path, capsys, prompts_file):
     nomsg.write_text(json.dumps({"category": "x"}) + "\n")
     rc = main(["bench", "offline", "--prompts", str(nomsg), "--out", str(out)])
     assert rc == 1 and "nomsg.jsonl:1: 'messages'" in capsys.readouterr().err
-    rc = main(["bench", "offline", "--prompts", str(prompts_file), "--methods", "none,medusa", "--out", str(out)])
-    assert rc == 1 and "unknown method 'medusa'" in capsys.readouterr().err
+    rc = main(["bench", "offline", "--prompts", str(prompts_file), "--methods", "none,lookahead", "--out", str(out)])
+    assert rc == 1 and "unknown method 'lookahead'" in capsys.readouterr().err
     rc = main(["bench", "offline", "--prompts", str(prompts_file), "--peers", "vllm", "--out", str(out)])
     assert rc == 1 and "unknown peer 'vllm'" in capsys.readouterr().err
     rc = main(["bench", "offline", "--prompts", str(prompts_file), "--temperature", "hot", "--out", str(out)])

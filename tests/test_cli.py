@@ -75,7 +75,7 @@ def test_stdin_prompt_and_no_traceback_in_subprocess(tiny_dirs):
 @pytest.mark.parametrize("config, message", [
     ("{bad", "--speculative-config is not valid JSON"),
     ("[1]", "--speculative-config must be a JSON object"),
-    ('{"method": "medusa"}', "unknown speculative method 'medusa'"),
+    ('{"method": "lookahead"}', "unknown speculative method 'lookahead'"),
     ('{"num_speculative_tokens": 4, "foo": 1}', "unknown key 'foo'"),
 ])
 def test_serve_rejects_bad_speculative_config(capsys, config, message):

@@ -137,7 +137,7 @@ MSG = [{"role": "user", "content": "hi"}]
     ({"messages": MSG, "max_tokens": "ten"}, "max_tokens"),
     ({"messages": MSG, "n": 2}, "n"),
     ({"messages": MSG, "stop": [""]}, "stop"),
-    ({"messages": MSG, "speculative": {"method": "medusa"}}, "speculative.method"),
+    ({"messages": MSG, "speculative": {"method": "lookahead"}}, "speculative.method"),
     ({"messages": MSG, "speculative": {"num_speculative_tokens": 0}}, "speculative.num_speculative_tokens"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
 ])

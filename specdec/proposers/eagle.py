@@ -67,7 +67,7 @@ class Eagle3Proposer(Proposer):
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
         drafted: list[list[int]] = [[] for _ in ctxs]
         q_rows: list[list[torch.Tensor]] = [[] for _ in ctxs]
-        owners, feeds = [], []                      # (index, kv, start, token ids, target states)
+        owners, feeds = [], []                      # (kv, start, token ids, target states, seq id) per drafting seq
         for i, (ctx, k) in enumerate(zip(ctxs, ks)):
             if k <= 0:
                 continue
@@ -78,8 +78,8 @@ class Eagle3Proposer(Proposer):
             if pend is None or pend.start != fed or fed + pend.count != n - 1:
                 continue                             # states missing (cannot happen in the engine): no draft
             kv = self.kv.ensure(ctx.seq_id, n - 1 + k)
-            kv.length = fed                          # forget last step's speculative rows
-            feeds.append((kv, fed, ctx.token_ids[fed + 1: n], pend.take()))
+            self.kv.truncate(ctx.seq_id, fed)        # forget last step's speculative rows
+            feeds.append((kv, fed, ctx.token_ids[fed + 1: n], pend.take(), ctx.seq_id))
             owners.append(i)
             self.fed[ctx.seq_id] = n - 1
         if not feeds:
@@ -92,7 +92,7 @@ class Eagle3Proposer(Proposer):
         h = self.head(self.embed(ids), g, positions, attn)                         # [rows, H]
         last = torch.tensor([-1 + sum(len(f[2]) for f in feeds[: j + 1]) for j in range(len(feeds))], device=device)
         for f in feeds:
-            f[0].length = f[1] + len(f[2])
+            self.kv.commit(f[4], f[1] + len(f[2]))
         h_last = h[last]                                                            # [S, H]
         active = list(range(len(owners)))
         while active:
@@ -108,12 +108,12 @@ class Eagle3Proposer(Proposer):
                 break
             # one row per sequence still drafting: its own last output and its last guess, at the next position
             kvs = [feeds[j][0] for j in nxt]
-            starts = [kv.length for kv in kvs]
+            starts = [kv.length for kv in kvs]                                       # the next position
             attn = causal_metadata([(kv, s, 1, True) for kv, s in zip(kvs, starts)], device=device)
             toks = torch.tensor([drafted[owners[j]][-1] for j in nxt], dtype=torch.long, device=device)
             h_new = self.head(self.embed(toks), h_last[nxt], torch.tensor(starts, device=device), attn)
-            for kv in kvs:
-                kv.length += 1
+            for j, s in zip(nxt, starts):
+                self.kv.commit(feeds[j][4], s + 1)
             h_last = h_last.clone()
             h_last[nxt] = h_new
             active = nxt
