@@ -138,6 +138,7 @@ MSG = [{"role": "user", "content": "hi"}]
     ({"messages": MSG, "n": 2}, "n"),
     ({"messages": MSG, "stop": [""]}, "stop"),
     ({"messages": MSG, "speculative": {"method": "lookahead"}}, "speculative.method"),
+    ({"messages": MSG, "speculative": {"method": "eagle3"}}, "speculative.method"),       # no head loaded
     ({"messages": MSG, "speculative": {"num_speculative_tokens": 0}}, "speculative.num_speculative_tokens"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
 ])

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import SpeculativeConfig
 from ..errors import SpecDecError
+from ..models.heads import HEAD_METHODS
 from ..policy.pools import rollout_arm
 from ..sampling.grammar import check_grammar
 from .async_engine import AsyncEngine, QueueFull, RequestAborted, RequestHandle
@@ -242,6 +243,10 @@ def _spec_for(state: ServerState, req) -> SpeculativeConfig:
                        param="speculative.num_speculative_tokens")
     if method == "draft" and not state.engine.has_draft:
         raise APIError(400, "speculative method 'draft' needs a draft model; this server was started without one",
+                       param="speculative.method")
+    if method in HEAD_METHODS and method not in state.engine.head_methods:
+        raise APIError(400, f"speculative method '{method}' needs its head loaded at start-up (--speculative-config "
+                            f"method); this server has: {', '.join(state.engine.head_methods) or 'none'}",
                        param="speculative.method")
     k = o.num_speculative_tokens if o.num_speculative_tokens is not None else (
         base.num_speculative_tokens if method == base.method else None)

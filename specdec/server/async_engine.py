@@ -114,6 +114,11 @@ class AsyncEngine:
     def has_draft(self) -> bool:
         return self.llm.draft is not None
 
+    @property
+    def head_methods(self) -> tuple[str, ...]:
+        """The learned heads loaded at start-up (a request may name only these)."""
+        return tuple(self.llm.heads)
+
     def policy_status(self) -> dict | None:
         return self.llm.policy_status()
 

@@ -83,7 +83,7 @@ class EngineReplica:
         """What the ingress needs before it can serve: the tokenizer, the context window, the defaults."""
         e = self.engine
         return {"tokenizer": e.tokenizer, "max_model_len": e.max_model_len, "has_draft": e.has_draft,
-                "default_spec": e.default_spec, "model_name": self.name}
+                "head_methods": e.head_methods, "default_spec": e.default_spec, "model_name": self.name}
 
     async def generate(self, request_id: str, prompt_ids: list[int], params, spec, pool: str = "default",
                        arm: str = "spec", affinity: str | None = None):
@@ -184,6 +184,7 @@ class RayEngineClient:
         self.tokenizer = None
         self.max_model_len = 0
         self.has_draft = False
+        self.head_methods: tuple[str, ...] = ()
         self.model_name: str | None = None
         self._inflight: set[RemoteHandle] = set()
         self._reserved = 0
@@ -203,6 +204,7 @@ class RayEngineClient:
         self.tokenizer = info["tokenizer"]
         self.max_model_len = info["max_model_len"]
         self.has_draft = info["has_draft"]
+        self.head_methods = tuple(info["head_methods"])
         self.model_name = info["model_name"]
         await asyncio.to_thread(warm_tokenizer, self.tokenizer)
 
