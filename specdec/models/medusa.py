@@ -60,10 +60,6 @@ class MedusaHeads(nn.Module):
                                       for _ in range(cfg.num_heads))
         self.register_buffer("token_map", torch.arange(cfg.truncated_vocab_size, dtype=torch.long))
 
-    @property
-    def truncated(self) -> bool:
-        return self.cfg.truncated_vocab_size < self.cfg.vocab_size
-
     def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> list[torch.Tensor]:
         """hidden [N, H] (the target's final, normed hidden state) -> per head logits [N, head vocab] fp32."""
         n = self.cfg.num_heads if num_heads is None else num_heads

@@ -100,3 +100,11 @@ def draft_token(logits: torch.Tensor, ctx: ProposalContext, q_rows: list) -> int
     if c is not None:
         c.advance(tok)
     return tok
+
+
+def scatter_vocab(logits: torch.Tensor, token_ids: torch.Tensor, model_vocab: int, vocab_size: int) -> torch.Tensor:
+    """A head's logits over a reduced vocabulary [R, V'] (row j is target token token_ids[j]) -> logits over the
+    target's tokens [R, vocab_size], -inf for the tokens the head cannot propose (a model's padding rows dropped)."""
+    full = logits.new_full((logits.shape[0], model_vocab), float("-inf"))
+    full[:, token_ids] = logits
+    return full[:, :vocab_size]

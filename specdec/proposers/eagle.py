@@ -14,7 +14,7 @@ import torch
 from ..engine.kv_manager import KVManager
 from ..models.attn_metadata import causal_metadata
 from ..models.eagle3 import Eagle3Head
-from .base import Draft, ProposalContext, Proposer, draft_token
+from .base import Draft, ProposalContext, Proposer, draft_token, empty_draft, scatter_vocab
 
 DECODE_ROWS = 16     # feeds up to this many rows take the row-by-row attention
 
@@ -57,12 +57,6 @@ class Eagle3Proposer(Proposer):
         rows = torch.cat([hidden[i] for i in self.target_hidden], -1)          # [n, 3H]
         self.pending.setdefault(seq_id, _Pending(start)).add(start, rows)
 
-    def _full_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
-        # [R, draft_vocab] -> [R, V] with the tokens outside the draft vocabulary at -inf
-        full = draft_logits.new_full((draft_logits.shape[0], self.head.cfg.vocab_size), float("-inf"))
-        full[:, self.d2t] = draft_logits
-        return full[:, : self.vocab_size]         # the tokenizer's tokens (a model's padding rows never)
-
     @torch.inference_mode()
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
         drafted: list[list[int]] = [[] for _ in ctxs]
@@ -83,7 +77,7 @@ class Eagle3Proposer(Proposer):
             owners.append(i)
             self.fed[ctx.seq_id] = n - 1
         if not feeds:
-            return [Draft(torch.empty(0, dtype=torch.long)) for _ in ctxs]
+            return [empty_draft() for _ in ctxs]
         device = self.d2t.device
         ids = torch.tensor([t for f in feeds for t in f[2]], dtype=torch.long, device=device)
         g = self.head.fuse(torch.cat([f[3] for f in feeds]).to(self.dtype))                   # [rows, H]
@@ -96,7 +90,8 @@ class Eagle3Proposer(Proposer):
         h_last = h[last]                                                            # [S, H]
         active = list(range(len(owners)))
         while active:
-            logits = self._full_logits(self.head.compute_logits(h_last[active]))   # [A, V]
+            logits = scatter_vocab(self.head.compute_logits(h_last[active]), self.d2t, self.head.cfg.vocab_size,
+                                   self.vocab_size)                                 # [A, V]
             nxt = []
             for row, j in enumerate(active):
                 i = owners[j]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..models.medusa import MedusaHeads
-from .base import Draft, ProposalContext, Proposer, draft_token
+from .base import Draft, ProposalContext, Proposer, draft_token, empty_draft, scatter_vocab
 
 
 class MedusaProposer(Proposer):
@@ -30,7 +30,7 @@ class MedusaProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
-        out = [Draft(torch.empty(0, dtype=torch.long)) for _ in ctxs]
+        out = [empty_draft() for _ in ctxs]
         live = [(i, min(k, self.heads.cfg.num_heads)) for i, (ctx, k) in enumerate(zip(ctxs, ks))
                 if k > 0 and self.last.get(ctx.seq_id, (-1,))[0] == len(ctx.token_ids) - 2]
         if not live:
@@ -43,11 +43,7 @@ class MedusaProposer(Proposer):
             toks = []
             for j in range(k):
                 lg = head_logits[j][row: row + 1]
-                if self.heads.truncated:
-                    full = lg.new_full((1, self.heads.cfg.vocab_size), float("-inf"))
-                    full[:, tmap] = lg
-                    lg = full
-                lg = lg[:, : self.vocab_size]             # the tokenizer's tokens (a model's padding rows never)
+                lg = scatter_vocab(lg, tmap, self.heads.cfg.vocab_size, self.vocab_size)
                 toks.append(draft_token(lg, ctxs[i], q_rows))
             if ctxs[i].constraint is not None:
                 ctxs[i].constraint.rollback_draft()
