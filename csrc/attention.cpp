@@ -21,21 +21,35 @@ namespace {
 // padded -- and a one-token step costs microseconds instead of ATen's ~100 us of per-call set-up per layer.
 // Prompt rows keep ATen's flash attention (faster for hundreds of rows), in key-block runs.
 
-// One (row, head): q [D], keys/values [nkeys, D] (row stride D) -> out [D]; s: scratch of nkeys floats.
+// Which cache slot a row's j-th key is in: keys 0..nprefix-1 are slots 0..nprefix-1; a token-tree row's further
+// keys are its path's slots (its ancestors in the tree, then itself), in depth order. A chain row has no path
+// (nprefix = nkeys), so a tree row and the chain row at the same depth attend over the same keys in the same
+// order and get bit-identical results.
+struct KeySlots {
+    int64_t nprefix;
+    const int64_t* path;   // nkeys - nprefix slots, or null
+    inline int64_t operator()(int64_t j) const { return j < nprefix ? j : path[j - nprefix]; }
+};
+
+// One (row, head): q [D], keys/values [slots, D] (row stride D) -> out [D]; s: scratch of nkeys floats.
 template <typename T>
-void attend_scalar(const T* q, const T* kc, const T* vc, int64_t d, int64_t nkeys, float scale, float* s, T* out) {
+void attend_scalar(const T* q, const T* kc, const T* vc, int64_t d, int64_t nkeys, KeySlots slot, float scale,
+                   float* s, T* out) {
     float m = -INFINITY;
     for (int64_t j = 0; j < nkeys; ++j) {
         float acc = 0.f;
-        for (int64_t i = 0; i < d; ++i) acc += static_cast<float>(q[i]) * static_cast<float>(kc[j * d + i]);
+        const T* kj = kc + slot(j) * d;
+        for (int64_t i = 0; i < d; ++i) acc += static_cast<float>(q[i]) * static_cast<float>(kj[i]);
         s[j] = acc * scale;
         m = std::max(m, s[j]);
     }
     float total = 0.f;
     for (int64_t j = 0; j < nkeys; ++j) total += (s[j] = std::exp(s[j] - m));
     std::vector<float> o(d, 0.f);
-    for (int64_t j = 0; j < nkeys; ++j)
-        for (int64_t i = 0; i < d; ++i) o[i] += s[j] * static_cast<float>(vc[j * d + i]);
+    for (int64_t j = 0; j < nkeys; ++j) {
+        const T* vj = vc + slot(j) * d;
+        for (int64_t i = 0; i < d; ++i) o[i] += s[j] * static_cast<float>(vj[i]);
+    }
     for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(o[i] / total);
 }
 
@@ -45,13 +59,13 @@ using specdec::vload;
 using specdec::vstore;
 
 template <typename B>   // B: float or uint16_t (bf16 bits); d a multiple of 16, at most 256
-SPECDEC_AVX512F void attend_avx512(const B* q, const B* kc, const B* vc, int64_t d, int64_t nkeys, float scale,
-                                   float* s, B* out) {
+SPECDEC_AVX512F void attend_avx512(const B* q, const B* kc, const B* vc, int64_t d, int64_t nkeys, KeySlots slot,
+                                   float scale, float* s, B* out) {
     const int nv = int(d / 16);
     __m512 qv[16];
     for (int i = 0; i < nv; ++i) qv[i] = vload(q + 16 * i);
     for (int64_t j = 0; j < nkeys; ++j) {
-        const B* kj = kc + j * d;
+        const B* kj = kc + slot(j) * d;
         __m512 acc = _mm512_mul_ps(qv[0], vload(kj));
         for (int i = 1; i < nv; ++i) acc = _mm512_fmadd_ps(qv[i], vload(kj + 16 * i), acc);
         s[j] = _mm512_reduce_add_ps(acc) * scale;
@@ -77,7 +91,7 @@ SPECDEC_AVX512F void attend_avx512(const B* q, const B* kc, const B* vc, int64_t
     for (int i = 0; i < nv; ++i) o[i] = _mm512_setzero_ps();
     for (j = 0; j < nkeys; ++j) {
         const __m512 e = _mm512_set1_ps(s[j]);
-        const B* vj = vc + j * d;
+        const B* vj = vc + slot(j) * d;
         for (int i = 0; i < nv; ++i) o[i] = _mm512_fmadd_ps(e, vload(vj + 16 * i), o[i]);
     }
     const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
@@ -86,7 +100,8 @@ SPECDEC_AVX512F void attend_avx512(const B* q, const B* kc, const B* vc, int64_t
 #endif
 
 struct DecodeTask {
-    int64_t seq, row, pos, head;   // flat-batch row, its position, its query head
+    int64_t seq, row, pos, head;   // flat-batch row, its last key's index (its position), its query head
+    KeySlots slots;                // where its keys are
 };
 
 // Every (row, head) of the decode runs, split over threads; each task reads its sequence's cache of this layer.
@@ -116,11 +131,12 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
 #ifdef SPECDEC_HAVE_AVX512
             if (vec) {
                 attend_avx512<B>(reinterpret_cast<const B*>(qh), reinterpret_cast<const B*>(kc),
-                                 reinterpret_cast<const B*>(vc), d, nkeys, scale, scratch.data(), reinterpret_cast<B*>(o));
+                                 reinterpret_cast<const B*>(vc), d, nkeys, task.slots, scale, scratch.data(),
+                                 reinterpret_cast<B*>(o));
                 continue;
             }
 #endif
-            attend_scalar<T>(qh, kc, vc, d, nkeys, scale, scratch.data(), o);
+            attend_scalar<T>(qh, kc, vc, d, nkeys, task.slots, scale, scratch.data(), o);
         }
     });
 }
@@ -130,19 +146,22 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
 //   starts[i] the cache position of its first new row, counts[i] its rows
 // per run r (rows of one sequence attending over the same key range): run_seq[r] the sequence, run_row[r] its
 //   first row in the flat batch, run_rows[r] its rows, run_keys[r] the keys attended, run_masks[r] an additive
-//   mask [rows_r, keys_r] (rows_r >= run_rows[r]: zero-padded queries) or None
+//   mask [rows_r, keys_r] (rows_r >= run_rows[r]: zero-padded queries) or None; run_trees[r] (decode runs of a
+//   token tree) int64 [run_rows[r], 1 + W]: per row p, the number of leading cache slots it attends (0..p-1), then
+//   the slots of its path in depth order (its speculative ancestors, then itself), -1 padded; None for causal rows
 torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
                                int64_t layer, const std::vector<int64_t>& starts, const std::vector<int64_t>& counts,
                                const std::vector<int64_t>& run_seq, const std::vector<int64_t>& run_row,
                                const std::vector<int64_t>& run_rows, const std::vector<int64_t>& run_keys,
                                const std::vector<c10::optional<torch::Tensor>>& run_masks,
-                               const std::vector<bool>& run_decode) {
+                               const std::vector<bool>& run_decode,
+                               const std::vector<c10::optional<torch::Tensor>>& run_trees) {
     const size_t nseq = starts.size(), nrun = run_seq.size();
     TORCH_CHECK(k_caches.size() == nseq && v_caches.size() == nseq && counts.size() == nseq,
                 "ragged_attention: one cache, start and count per sequence");
     TORCH_CHECK(run_row.size() == nrun && run_rows.size() == nrun && run_keys.size() == nrun && run_masks.size() == nrun &&
-                run_decode.size() == nrun,
+                run_decode.size() == nrun && run_trees.size() == nrun,
                 "ragged_attention: one entry per run in every run list");
     TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "ragged_attention: q, k, v must be [N, heads, D]");
     const int64_t n = q.size(0), hq = q.size(1), d = q.size(2);
@@ -168,8 +187,31 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
         TORCH_CHECK(i >= 0 && size_t(i) < nseq && r0 >= first_row[i] && t >= 1 && r0 + t <= first_row[i] + counts[i],
                     "ragged_attention: bad run");
         if (run_decode[r]) {          // the kernel above, after the prompt runs
-            for (int64_t row = r0; row < r0 + t; ++row)
-                for (int64_t h = 0; h < hq; ++h) tasks.push_back({i, row, starts[i] + row - first_row[i], h});
+            const auto& tree = run_trees[r];
+            if (tree.has_value() && tree->defined()) {
+                TORCH_CHECK(tree->scalar_type() == torch::kLong && tree->dim() == 2 && tree->size(0) == t &&
+                            tree->size(1) >= 2 && tree->is_contiguous(),
+                            "ragged_attention: a tree run needs int64 [rows, 1 + W] key lists");
+                const int64_t w = tree->size(1) - 1, cap = kcs[i].size(1);
+                const int64_t* lists = tree->data_ptr<int64_t>();
+                for (int64_t row = 0; row < t; ++row) {
+                    const int64_t prefix = lists[row * (w + 1)];
+                    const int64_t* path = lists + row * (w + 1) + 1;
+                    int64_t len = 0;
+                    while (len < w && path[len] >= 0) {
+                        TORCH_CHECK(path[len] >= prefix && path[len] < cap, "ragged_attention: tree slot out of range");
+                        ++len;
+                    }
+                    TORCH_CHECK(prefix >= 0 && prefix + len >= 1 && prefix <= cap, "ragged_attention: bad tree row");
+                    for (int64_t h = 0; h < hq; ++h)
+                        tasks.push_back({i, r0 + row, prefix + len - 1, h, KeySlots{prefix, path}});
+                }
+                continue;
+            }
+            for (int64_t row = r0; row < r0 + t; ++row) {
+                const int64_t pos = starts[i] + row - first_row[i];
+                for (int64_t h = 0; h < hq; ++h) tasks.push_back({i, row, pos, h, KeySlots{pos + 1, nullptr}});
+            }
             continue;
         }
         TORCH_CHECK(key_len <= kcs[i].size(1), "ragged_attention: cache too small");

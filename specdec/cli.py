@@ -28,7 +28,10 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="none", choices=list(METHODS),
                    help="speculative method (auto: the policy picks method and k from a measured cost model)")
     p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=None,
-                   help="draft tokens per step (default: 4 for draft, 8 for ngram)")
+                   help="draft tokens per step (default: 4 for draft, 8 for ngram); a token tree's nodes")
+    p.add_argument("--eagle-topk", type=int, default=1,
+                   help="eagle3/medusa: draft a token tree, this many guesses per node (greedy requests; 1: a chain)")
+    p.add_argument("--num-steps", type=int, default=None, help="eagle3/medusa token tree: its depth")
     _add_proposer_args(p)
 
 
@@ -74,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--speculative-config", default=None,
                     help='vLLM-style JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\' '
                          '(default: {"method": "auto"}: the policy picks none/ngram/draft and k per request)')
+    sv.add_argument("--spec-heads", default=None,
+                    help="learned heads loaded beside the default method, METHOD[=DIR] comma-separated (e.g. "
+                         "'eagle3,medusa': the shipped ones): requests may name them, and auto weighs them")
     sv.add_argument("--spec-traffic-fraction", type=float, default=1.0,
                     help="share of requests (stable by request id) that may speculate; the rest decode plainly")
     sv.add_argument("--spec-max-load", type=int, default=4,
@@ -139,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "and train on those answers")]:
         th.add_argument(flag, type=typ, default=default, help=text or None)
     th.add_argument("--resume", action="store_true", help="continue from OUT.checkpoint.pt")
+    th.add_argument("--init", default=None,
+                    help="start from a trained head directory (its weights and draft vocabulary): train it further "
+                         "on more data; with --method eagle3,medusa, INIT/eagle3 and INIT/medusa")
     th.add_argument("--int8", action="store_true", help="store 2-D weights as int8 + per-row scale")
     th.add_argument("--no-progress", action="store_true")
 
@@ -150,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="builtin | structured | humaneval[:N] | sharegpt[:N] | a JSONL file of {messages, category}; "
                          "several joined with commas")
     bo.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
-    bo.add_argument("--methods", default="none,ngram,draft", help="comma-separated: none,ngram,draft,eagle3,medusa,auto")
+    bo.add_argument("--methods", default="none,ngram,draft",
+                    help="comma-separated: none,ngram,draft,eagle3,medusa,auto; eagle3-tree and medusa-tree run the "
+                         "head drafting token trees (greedy requests; sampled ones verify a chain)")
     bo.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
     bo.add_argument("--temperature", default="0", help="comma-separated temperatures")
     bo.add_argument("--max-tokens", type=int, default=128)
@@ -161,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--no-progress", action="store_true")
     bo.add_argument("--eagle3-head", default=None, help="EAGLE-3 head directory (default: the one shipped for the target)")
     bo.add_argument("--medusa-head", default=None, help="Medusa head directory (default: the one shipped for the target)")
+    bo.add_argument("--eagle-topk", type=int, default=4, help="tree methods: guesses expanded per node")
+    bo.add_argument("--num-steps", type=int, default=None, help="tree methods: tree depth (default: min(k, 4))")
+    bo.add_argument("--tree-tokens", default=None,
+                    help="tree methods: comma-separated node counts verified per step (their k; default: --k)")
     _add_proposer_args(bo)
 
     bq = bsub.add_parser("quality", help="quantization quality vs the runtime-dtype model: perplexity, KL divergence, "
@@ -216,7 +231,8 @@ def cmd_generate(args) -> int:
                             top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop)
     spec = SpeculativeConfig(method=args.method, num_speculative_tokens=args.k, model=args.draft,
                              prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
-                             quantization=args.draft_quantization)
+                             quantization=args.draft_quantization, eagle_topk=args.eagle_topk,
+                             num_steps=args.num_steps)
     llm = LLM(target=args.target, draft=args.draft, speculative=spec, dtype=args.dtype, device=args.device,
               max_model_len=args.max_model_len, num_threads=args.threads, quantization=args.quantization)
     out = sys.stdout
@@ -265,7 +281,9 @@ def cmd_bench_offline(args) -> int:
         target=args.target, draft=args.draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
         draft_quantization=args.draft_quantization, quantization=args.quantization, progress=not args.no_progress,
-        heads={m: getattr(args, f"{m}_head") for m in ("eagle3", "medusa") if getattr(args, f"{m}_head")})
+        heads={m: getattr(args, f"{m}_head") for m in ("eagle3", "medusa") if getattr(args, f"{m}_head")},
+        eagle_topk=args.eagle_topk, num_steps=args.num_steps,
+        tree_tokens=_csv(args.tree_tokens, int, "--tree-tokens") if args.tree_tokens else [])
     result = run_offline(cfg)
     for d in recommend(result["summary"]):
         verdict = f"enable {d['method']} k={d['k']} ({d['expected_speedup']:.2f}x)" if d["enable"] else "off"
@@ -312,7 +330,7 @@ def cmd_train_head(args) -> int:
                       args.batch_seqs,
                       args.lr, args.warmup_steps, 0.0, 0.5, args.draft_vocab, args.intermediate_size, args.ttt_steps,
                       args.num_heads, args.topk, args.checkpoint_every, args.resume, args.int8, args.seed,
-                      args.regenerate)
+                      args.regenerate, init=args.init)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     target = load_model(args.target, dtype=args.dtype, device=args.device, progress=not args.no_progress,
                         quantization=args.quantization)

@@ -25,7 +25,8 @@ from .proposers import check_compatible
 from .proposers.ngram import find_ngram_continuation
 from .sampling_params import SamplingParams
 
-COST_MODEL_REVISION = 6      # part of the cost-model cache key: 6 = kernel weights in 2 MB pages (5: bf16 on specdec._C)
+COST_MODEL_REVISION = 7      # part of the cost-model cache key: 7 = learned heads' costs (6: kernel weights in 2 MB
+                             # pages, 5: bf16 on specdec._C)
 
 Prompt = str | list[dict]   # raw text or chat messages
 
@@ -96,6 +97,9 @@ class LLM:
         self.engine = LLMEngine(self.target.model, self.tokenizer, self.draft.model if self.draft else None,
                                 self.scheduler_config, max_model_len, policy_factory=self.policy,
                                 heads={m: h.module for m, h in self.heads.items()})
+        self._rows: CostModel | None = None
+        if self.heads:                              # token trees are sized by the measured cost of rows
+            self.engine.row_cost = self.row_cost
         self._ids = itertools.count()
 
     @property
@@ -117,9 +121,16 @@ class LLM:
         if self._policy is None:
             cfg = cfg or PolicyConfig(k_max=self.speculative.num_speculative_tokens
                                       if self.speculative.method == "auto" else DEFAULT_K["auto"])
-            available = available or (("ngram", "draft") if self.draft is not None else ("ngram",))
+            available = available or ("ngram", *(("draft",) if self.draft is not None else ()), *self.heads)
             self._policy = SpeculationPolicy(cost or self.cost_model(cfg.k_max), cfg, available)
         return self._policy
+
+    def row_cost(self, n: int) -> float:
+        """V(n): a target forward over n rows relative to one, from the cost model (measured once per machine and
+        cached; the policy's when it has one)."""
+        if self._rows is None:
+            self._rows = self._policy.cost if self._policy is not None else self.cost_model(DEFAULT_K["auto"])
+        return self._rows.V(n)
 
     def cost_model(self, k_max: int) -> CostModel:
         import hashlib
@@ -134,7 +145,8 @@ class LLM:
         max_rows = self.scheduler_config.max_num_seqs * (k_max + 1)
         key = "|".join(map(str, (self.target.source, self.draft.source if self.draft else None, p.dtype, p.device,
                                  torch.get_num_threads(), k_max, max_rows, torch.__version__,
-                                 self.quantization, self.draft_quantization, COST_MODEL_REVISION)))
+                                 self.quantization, self.draft_quantization, COST_MODEL_REVISION,
+                                 sorted((m, str(h.source)) for m, h in self.heads.items()))))
         path = cache_dir() / "cost_models" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if path.is_file():
             try:
@@ -144,7 +156,7 @@ class LLM:
         cost = measure_cost_model(self.target.model, self.draft.model if self.draft else None,
                                   lambda ids: find_ngram_continuation(ids, k_max, self.speculative.prompt_lookup_max,
                                                                       self.speculative.prompt_lookup_min), k_max,
-                                  max_rows=max_rows)
+                                  max_rows=max_rows, heads=self.engine.heads)
         write_json_atomic(path, {**cost.to_dict(), "key": key})
         return cost
 

@@ -82,3 +82,15 @@ def test_serve_rejects_bad_speculative_config(capsys, config, message):
     rc = main(["serve", "--speculative-config", config])
     err = capsys.readouterr().err
     assert rc == 1 and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--spec-heads", "lookahead"], "'lookahead' is not a learned head method"),
+    (["--speculative-config", '{"method": "ngram", "eagle_topk": 4}'], "needs a learned head"),
+    (["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 4, "eagle_topk": 2, "num_steps": 6}'],
+     "num_steps"),
+])
+def test_serve_rejects_bad_heads_and_trees(capsys, args, message):
+    rc = main(["serve", *args])
+    err = capsys.readouterr().err
+    assert rc == 1 and message in err and err.count("\n") == 1, err

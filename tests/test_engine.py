@@ -249,6 +249,7 @@ class _ScriptedLookup:
 class _AlternatingController:
     """A scripted step controller: lookup's guess on every other step (when there is one), the draft otherwise;
     keeps what the engine reports."""
+    model = "draft"                       # the model proposer it plans for (a StepController's draft model or head)
 
     def __init__(self, k):
         self.k, self.i, self.seen = k, 0, []

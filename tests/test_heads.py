@@ -296,3 +296,39 @@ def test_train_head_resumes_to_the_same_head(tiny_models, code_dir, tmp_path, mo
         assert torch.equal(a[name], b[name]), name
     hist = json.loads((tmp_path / "b" / "training.json").read_text())["history"]
     assert [h["step"] for h in hist] == list(range(len(hist)))
+
+
+def test_train_head_init_continues_from_a_trained_head(tiny_models, code_dir, chat_jsonl, tmp_path):
+    """--init starts from a trained head: its draft vocabulary is kept (whatever the new data's frequent tokens) and
+    its first loss on the data it learned is the loss it ended with, far below a fresh head's."""
+    from specdec.train.head_trainer import HeadTrainer
+
+    target, _ = tiny_models
+    HeadTrainer(_train_cfg("eagle3,medusa", code_dir, tmp_path / "a", epochs=4), target, progress=False).run()
+    HeadTrainer(_train_cfg("eagle3,medusa", code_dir, tmp_path / "b", epochs=1, init=str(tmp_path / "a")), target,
+                progress=False).run()
+    HeadTrainer(_train_cfg("eagle3,medusa", f"{chat_jsonl}", tmp_path / "c", epochs=1, init=str(tmp_path / "a")),
+                target, progress=False).run()
+    for method in ("eagle3", "medusa"):
+        def first(d):
+            return json.loads((tmp_path / d / method / "training.json").read_text())["history"][0]["loss"]
+
+        fresh = first("a")
+        trained = json.loads((tmp_path / "a" / method / "training.json").read_text())["final_loss"]
+        assert first("b") < 0.5 * (fresh + trained), method
+        heads = [load_head(tmp_path / d / method, target.model, torch.float32).module for d in "ac"]
+        vocab = [h.draft_to_target if method == "eagle3" else h.token_map for h in heads]
+        assert torch.equal(vocab[0], vocab[1]), method
+    with pytest.raises(SpecDecError, match="not a draft head directory"):
+        HeadTrainer(_train_cfg("eagle3", code_dir, tmp_path / "d", init=str(tmp_path)), target, progress=False).run()
+
+
+def test_sharegpt_code_sources_pick_code_conversations():
+    from specdec.train.data import load_source
+
+    code = load_source("sharegpt-code:20", None)
+    assert len(code) == 20
+    assert load_source("sharegpt-code[10:20]", None) == code[10:]
+    assert load_source("sharegpt[2:5]", None) == load_source("sharegpt:5", None)[2:]
+    with pytest.raises(SpecDecError, match="needs an integer"):
+        load_source("sharegpt:many", None)

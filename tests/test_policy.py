@@ -218,3 +218,53 @@ def test_pool_is_not_judged_before_every_method_was_tried():
     assert second.method != first.method
     pol.record("chat", second, 0.0, _Stats(drafted=40, accepted=36, steps=10))    # the other one works
     assert pol.pools["chat"].enabled and pol.decide("c", "chat", f).method == second.method
+
+
+def test_a_head_is_chosen_by_its_own_step_cost():
+    """The head competes with the draft model on expected speedup, each priced by its own measured step cost."""
+    cheap_head = CostModel(draft_step=0.4, verify=CPU.verify, lookup=0.01, heads={"eagle3": [0.08, 0.05]})
+    alphas = {"draft": 0.8, "eagle3": 0.6, "ngram": 0.1}
+    d = choose(RequestFeatures(max_tokens=256), alphas, cheap_head, PolicyConfig(), ("ngram", "draft", "eagle3"))
+    s_head = best_k("eagle3", 0.6, cheap_head, 8)[1]
+    s_draft = best_k("draft", 0.8, cheap_head, 8)[1]
+    assert d.method == ("eagle3" if s_head > s_draft else "draft")
+    assert d.method == "eagle3"                               # 0.6 at ~0.05 a token beats 0.8 at 0.4
+    costly_head = CostModel(draft_step=0.4, verify=CPU.verify, lookup=0.01, heads={"eagle3": [0.6, 0.6]})
+    assert choose(RequestFeatures(max_tokens=256), alphas, costly_head, PolicyConfig(),
+                  ("ngram", "draft", "eagle3")).method == "draft"
+    # the step controller drafts with the head it was given, priced as the head
+    ctl = StepController("eagle3", 4, 0.6, cheap_head, PolicyConfig())
+    assert ctl.model == "eagle3" and ctl.plan(0, 0)[0] == "draft" and ctl.plan(0, 0)[1] > 0
+
+
+def test_auto_runs_a_learned_head_with_parity(tiny_dirs, tmp_path, monkeypatch):
+    """End to end: auto with a head loaded measures the head's step cost, picks the head, drafts with it (the
+    head reads the target's states at every step, lookup steps included) and keeps the target's greedy output."""
+    from specdec import LLM, SamplingParams, SpeculativeConfig
+    from specdec.models.heads import save_head, target_fingerprint
+
+    from test_heads import _eagle3
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    probe = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
+    save_head(_eagle3(probe.target.model), "eagle3", tmp_path / "e3",
+              {"specdec_target_fingerprint": target_fingerprint(probe.target.model)})
+    llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
+              progress=False, speculative=SpeculativeConfig(method="auto"), heads={"eagle3": str(tmp_path / "e3")})
+    measured = llm.cost_model(4)
+    assert set(measured.heads) == {"eagle3"} and all(x >= 0 for x in measured.heads["eagle3"])
+    assert measured.heads["eagle3"][0] > 0
+    cost = CostModel(draft_step=1.0, verify=[1.0] * 9, heads={"eagle3": [0.05, 0.05]})
+    llm.policy(PolicyConfig(prior_alpha={"eagle3": 0.7, "ngram": 0.0}, min_acceptance=0.0), cost,
+               available=("ngram", "eagle3"))      # a random head: the pool must not fall back mid-test
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    ids = llm.encode("def add(a, b):")
+    plain = llm.generate(ids, params, spec="none")[0].token_ids
+    out = llm.generate(ids, params, spec="auto", pool="p", request_id="a0")[0]
+    assert out.token_ids == plain
+    assert out.stats.method == "eagle3" and out.stats.draft_tokens > 0
+    assert llm.policy().pool("p").count("eagle3") == 1            # its acceptance went to the pool
+    # a random head is rarely right: with its observed acceptance the policy turns speculation off
+    again = llm.generate(ids, params, spec="auto", pool="p", request_id="a1")[0]
+    assert again.token_ids == plain
+    assert (again.stats.method == "none") == (out.stats.acceptance_rate < 0.2)

@@ -140,6 +140,8 @@ MSG = [{"role": "user", "content": "hi"}]
     ({"messages": MSG, "speculative": {"method": "lookahead"}}, "speculative.method"),
     ({"messages": MSG, "speculative": {"method": "eagle3"}}, "speculative.method"),       # no head loaded
     ({"messages": MSG, "speculative": {"num_speculative_tokens": 0}}, "speculative.num_speculative_tokens"),
+    ({"messages": MSG, "speculative": {"method": "ngram", "eagle_topk": 2}}, "speculative"),   # trees need a head
+    ({"messages": MSG, "speculative": {"eagle_topk": 0}}, "speculative.eagle_topk"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
 ])
 def test_bad_requests_are_400_with_openai_shape(server, body, param):

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import DEFAULT_K, K_MAX, K_MIN, METHODS, SpeculativeConfig
+from ..config import DEFAULT_K, K_MAX, K_MIN, METHODS, TREE_METHODS, SpeculativeConfig
 from ..errors import SpecDecError
 from ..metrics.stats import peak_rss_mb
 from ..models.heads import HEAD_METHODS
@@ -25,6 +25,9 @@ from ..utils import write_json_atomic, write_text_atomic
 from .datasets import load_prompts
 from .summary import summarize
 
+# bench-only labels: a learned head drafting token trees (eagle_topk > 1), beside its chain
+TREE_LABELS = {f"{m}-tree": m for m in TREE_METHODS}
+BENCH_METHODS = (*METHODS, *TREE_LABELS)
 RUN_FIELDS = ("method", "k", "temperature", "repeat", "prompt_index", "category", "seed", "prompt_tokens",
               "completion_tokens", "finish_reason", "ttft_s", "tpot_s", "decode_tok_s", "e2e_s",
               "acceptance_rate", "mean_accepted_length", "accepted_per_position", "draft_time_s", "verify_time_s",
@@ -56,13 +59,17 @@ class OfflineBenchConfig:
     quantization: str | None = None         # the target's weights (--quantization)
     progress: bool = True
     heads: dict[str, str | None] = field(default_factory=dict)   # learned head per method (None: the shipped one)
+    # eagle3-tree / medusa-tree: the head drafting token trees for greedy requests (sampled ones verify a chain)
+    eagle_topk: int = 4                     # branching (SGLang's --speculative-eagle-topk)
+    num_steps: int | None = None            # depth (None: min(k, 4))
+    tree_tokens: list[int] = field(default_factory=list)   # nodes verified per tree (its k; empty: --k)
 
     def __post_init__(self):
         from .peers import PEERS
 
-        bad = [m for m in self.methods if m not in METHODS]
+        bad = [m for m in self.methods if m not in BENCH_METHODS]
         if bad:
-            raise SpecDecError(f"unknown method '{bad[0]}' (choose from: {', '.join(METHODS)})")
+            raise SpecDecError(f"unknown method '{bad[0]}' (choose from: {', '.join(BENCH_METHODS)})")
         if not self.methods:
             raise SpecDecError("--methods is empty")
         if "none" not in self.methods:      # the baseline every speedup and parity is measured against
@@ -70,17 +77,28 @@ class OfflineBenchConfig:
         bad = [p for p in self.peers if p not in PEERS]
         if bad:
             raise SpecDecError(f"unknown peer '{bad[0]}' (choose from: {', '.join(PEERS)})")
-        if not self.ks or any(not K_MIN <= k <= K_MAX for k in self.ks):
-            raise SpecDecError(f"--k values must be in {K_MIN}..{K_MAX}, got {self.ks}")
+        if not self.ks or any(not K_MIN <= k <= K_MAX for k in [*self.ks, *self.tree_tokens]):
+            raise SpecDecError(f"--k and --tree-tokens values must be in {K_MIN}..{K_MAX}, got "
+                               f"{[*self.ks, *self.tree_tokens]}")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise SpecDecError(f"--temperature values must be >= 0, got {self.temperatures}")
         if self.max_tokens < 1 or self.repeats < 1:
             raise SpecDecError("--max-tokens and --repeats must be >= 1")
 
     def configs(self) -> list[tuple[str, int]]:
-        """(method, k) pairs; `auto` runs once (k = 0 here: the policy picks k per request, up to max(ks))."""
-        return [("none", 0)] + [(m, k) for m in self.methods if m not in ("none", "auto") for k in self.ks] + \
+        """(method, k) pairs; `auto` runs once (k = 0 here: the policy picks k per request, up to max(ks)); a tree
+        method's k is its node count (--tree-tokens, else --k)."""
+        return [("none", 0)] + [(m, k) for m in self.methods if m not in ("none", "auto")
+                                for k in (self.tree_tokens or self.ks if m in TREE_LABELS else self.ks)] + \
             [("auto", 0) for m in self.methods if m == "auto"]
+
+    def spec(self, method: str, k: int) -> SpeculativeConfig:
+        tree = method in TREE_LABELS
+        return SpeculativeConfig(method=TREE_LABELS.get(method, method),
+                                 num_speculative_tokens=k or (max(self.ks) if method == "auto" else None),
+                                 prompt_lookup_max=self.prompt_lookup_max, prompt_lookup_min=self.prompt_lookup_min,
+                                 eagle_topk=self.eagle_topk if tree else 1,
+                                 num_steps=min(self.num_steps or 4, k) if tree else None)
 
 
 def machine_info(threads: int) -> dict:
@@ -132,7 +150,8 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     llm = LLM(target=cfg.target or DEFAULT_TARGET, draft=cfg.draft, dtype=cfg.dtype, device=cfg.device,
               max_model_len=cfg.max_model_len, num_threads=cfg.threads, progress=cfg.progress,
               quantization=cfg.quantization,
-              heads={m: cfg.heads.get(m) for m in cfg.methods if m in HEAD_METHODS},
+              heads={m: cfg.heads.get(m) for m in dict.fromkeys(TREE_LABELS.get(m, m) for m in cfg.methods)
+                     if m in HEAD_METHODS},
               speculative=SpeculativeConfig(method="draft" if need_draft else "none",
                                             quantization=cfg.draft_quantization,
                                             prompt_lookup_max=cfg.prompt_lookup_max,
@@ -142,9 +161,7 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
 
         llm.policy(PolicyConfig(k_max=max(cfg.ks)))          # measures (or reads) the cost model before timing
     load_s = time.perf_counter() - t0
-    specs = {(m, k): SpeculativeConfig(method=m, num_speculative_tokens=k or (max(cfg.ks) if m == "auto" else None),
-                                       prompt_lookup_max=cfg.prompt_lookup_max, prompt_lookup_min=cfg.prompt_lookup_min)
-             for m, k in cfg.configs()}
+    specs = {(m, k): cfg.spec(m, k) for m, k in cfg.configs()}
     prompt_ids = [llm.encode(p["messages"]) for p in prompts]
     draft_kv_per_token = llm.draft.model.config.kv_bytes_per_token * (4 if cfg.dtype == "float32" else 2) // 2 \
         if llm.draft is not None else 0
@@ -153,7 +170,8 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     for m in dict.fromkeys(m for m, _ in cfg.configs()):
         # auto: warm the methods it may pick, without teaching its pools anything
         for sub in (("none", *llm.policy().available) if m == "auto" else (m,)):
-            llm.generate(prompt_ids[0], warm, spec=SpeculativeConfig(method=sub))
+            llm.generate(prompt_ids[0], warm, spec=SpeculativeConfig(method=sub) if m == "auto" else
+                         next(spec for (mm, _), spec in specs.items() if mm == m))
 
     peers, peer_info = _load_peers(cfg, llm, prompt_ids)
     runs: list[dict] = []

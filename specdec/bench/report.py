@@ -14,7 +14,7 @@ MIN_ACCEPTANCE = 0.40          # a draft model accepted less than this wastes it
 MIN_OUTPUT_TOKENS = 32         # shorter outputs: prefill dominates and speculation has no time to pay
 # A speedup can only come from committing more than one token per target forward; a config that does not
 # (tokens_per_forward < ENABLE_MIN_SPEEDUP) is ruled out whatever its timing says.
-SPEC_METHODS = ("ngram", "draft", "auto")
+SPEC_METHODS = ("ngram", "draft", "eagle3", "medusa", "eagle3-tree", "medusa-tree", "auto")
 
 
 def _rows(summary, **match):
@@ -178,12 +178,13 @@ def render_report(result: dict, plots: list[str]) -> str:
 
     lines += ["## All configurations", "",
               "| T | category | method | k | n | err | out tok | TTFT ms | TPOT p50/p95/p99 ms | e2e p50/p95/p99 s | "
-              "tok/s | speedup | e2e speedup | accept | MAL | per-position acceptance | draft share | parity |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "tok/s | speedup | e2e speedup | accept | MAL | per-position acceptance | draft share | draft / fwd | "
+              "parity |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary:
         if r.get("decode_tok_s") is None:
             lines.append(f"| {r['temperature']:g} | {r['category']} | {r['method']} | {_k(r)} | {r['n']} | {r['errors']} |"
-                         + " - |" * 12)
+                         + " - |" * 13)
             continue
         ms = lambda x: _f(x * 1000 if x is not None else None, "{:.0f}")  # noqa: E731
         pos = " ".join(f"{a:.2f}" for a in r["accepted_per_position"]) or "-"
@@ -193,7 +194,8 @@ def render_report(result: dict, plots: list[str]) -> str:
             f"{ms(r['tpot_s'])}/{ms(r['tpot_p95_s'])}/{ms(r['tpot_p99_s'])} | "
             f"{_f(r['e2e_s'])}/{_f(r['e2e_p95_s'])}/{_f(r['e2e_p99_s'])} | {_f(r['decode_tok_s'])} | "
             f"{_f(r['speedup'])}x | {_f(r['e2e_speedup'])}x | {_f(r['acceptance_rate'])} | "
-            f"{_f(r['mean_accepted_length'])} | {pos} | {_f(r['draft_overhead'])} | {_f(r['parity_rate'])} |")
+            f"{_f(r['mean_accepted_length'])} | {pos} | {_f(r['draft_overhead'])} | {_f(r.get('draft_step_cost'))} | "
+            f"{_f(r['parity_rate'])} |")
     lines.append("")
 
     mem = cfg["memory"]

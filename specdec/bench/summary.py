@@ -66,6 +66,19 @@ def _ratios(good: list[dict], base: dict, field: str, invert: bool = False) -> l
     return out
 
 
+def _draft_step_cost(good: list[dict], base: dict) -> float | None:
+    """Proposing time per target forward, as a fraction of one plain target forward (the same prompts' `none` runs:
+    their verify time per forward)."""
+    draft_s = sum(r.get("draft_time_s") or 0.0 for r in good)
+    forwards = sum(r.get("target_forwards") or 0 for r in good)
+    plain = [base.get(baseline_key(r)) for r in good]
+    plain_s = sum(b.get("verify_time_s") or 0.0 for b in plain if b)
+    plain_n = sum(b.get("target_forwards") or 0 for b in plain if b)
+    if not forwards or not plain_n or not plain_s:
+        return None
+    return (draft_s / forwards) / (plain_s / plain_n)
+
+
 def _aggregate(good: list[dict], base: dict, temperature: float) -> dict:
     if not good:
         return {"decode_tok_s": None, "speedup": None}
@@ -104,6 +117,7 @@ def _aggregate(good: list[dict], base: dict, temperature: float) -> dict:
         "mean_accepted_length": 1 + accepted / steps if steps else None,
         "accepted_per_position": [a / d for a, d in zip(per_pos_a, per_pos_d)],
         "draft_overhead": sum(col("draft_time_s")) / e2e_total if e2e_total else None,
+        "draft_step_cost": _draft_step_cost(good, base),
         "draft_kv_mb": max(col("draft_kv_bytes"), default=0) / 2**20,
         "peak_rss_mb": max(col("peak_rss_mb"), default=None),
         # token-for-token parity is the promise for greedy decoding only; sampled runs are equal in distribution

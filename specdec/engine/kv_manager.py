@@ -63,6 +63,12 @@ class KVManager:
             raise ValueError(f"cannot commit {length} positions: the cache holds {kv.capacity}")
         kv.length = length
 
+    def compact(self, seq_id: int, start: int, rows: list[int]) -> None:
+        """A token tree was verified at positions start..: move the K/V of the rows kept (ascending offsets from
+        start) to start, start+1, ... (a no-op for a chain's rows 0..n-1)."""
+        if rows != list(range(len(rows))):
+            self.get(seq_id).move([start + r for r in rows], start)
+
     def truncate(self, seq_id: int, length: int) -> None:
         """Forget every position >= length (O(1): moves the length, copies nothing)."""
         kv = self.caches.get(seq_id)

@@ -27,7 +27,7 @@ from ..proposers.draft_model import DraftModelProposer
 from ..proposers.heads import HEAD_METHODS, make_head_proposer
 from ..proposers.ngram import NgramProposer
 from ..sampling.logprobs import token_logprobs
-from ..sampling.rejection import verify_ragged
+from ..sampling.rejection import verify_ragged, verify_tree_greedy
 from ..sampling_params import SamplingParams
 from .kv_manager import KVManager
 from .output import StepInfo, StepOutput, StreamDelta
@@ -68,6 +68,9 @@ class LLMEngine:
         self.heads: dict[str, Proposer] = {m: make_head_proposer(m, h, model, self.vocab_size,
                                                                   self.sched_cfg.max_total_tokens)
                                            for m, h in (heads or {}).items()}
+        # V(n), a target forward over n rows relative to one (the cost model's): sizes learned heads' token trees;
+        # None keeps num_speculative_tokens nodes
+        self.row_cost: Callable[[int], float] | None = None
         self._policy_factory = policy_factory
         self._policy = None
         self.seqs: dict[str, Sequence] = {}
@@ -116,7 +119,8 @@ class LLMEngine:
         if self.kv.extra_needed(-1, need) > self.sched_cfg.max_total_tokens:
             raise SpecDecError(f"the request needs {need} KV positions; the KV cache holds {self.sched_cfg.max_total_tokens} "
                                "(raise --max-total-tokens or lower max_tokens)")
-        state = SpecState(spec.method, k, spec.prompt_lookup_max, spec.prompt_lookup_min, pool)
+        state = SpecState(spec.method, k, spec.prompt_lookup_max, spec.prompt_lookup_min, pool, spec.eagle_topk,
+                          spec.num_steps or 0)
         seq = Sequence(list(prompt_ids), params, self.tokenizer, self.eos_ids, self.max_model_len,
                        request_id=request_id, spec=state, device=self.device, arrival=time.perf_counter())
         seq.stats.method, seq.stats.num_speculative_tokens = spec.method, k
@@ -132,7 +136,8 @@ class LLMEngine:
         return seq
 
     def _decide(self, seq: Sequence) -> None:
-        """Method auto: the policy picks none / ngram / draft and k for this request (pool and load aware)."""
+        """Method auto: the policy picks none / ngram / draft / a head and k for this request (pool and load
+        aware)."""
         policy, p, sp = self.policy, seq.params, seq.spec
         load = self.num_running + self.num_waiting
         d = policy.decide(seq.request_id, sp.pool, RequestFeatures(p.temperature, p.top_p, p.max_tokens, load))
@@ -158,9 +163,17 @@ class LLMEngine:
     def _release_proposers(self, seq: Sequence) -> None:
         if self.draft is not None:
             self.draft.release(seq.seq_id)
-        head = self.heads.get(seq.spec.method)
+        head = self._head_of(seq)
         if head is not None:
-            head.release(seq.seq_id)
+            self.heads[head].release(seq.seq_id)
+
+    def _head_of(self, seq: Sequence) -> str | None:
+        """The learned head drafting for this sequence (its method, or the one auto's policy chose), if any: that
+        head reads the sequence's hidden states at every step."""
+        if seq.spec.method in self.heads:
+            return seq.spec.method
+        ctl = seq.spec.controller
+        return ctl.model if ctl is not None and ctl.model in self.heads else None
 
     # -- the step ---------------------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -184,9 +197,9 @@ class LLMEngine:
         try:
             plans = self._propose(decodes, batch.num_rows)
             t1 = time.perf_counter()
-            reads = lambda s: s.spec.method in self.heads          # noqa: E731 - a head reads this one's states
+            reads = lambda s: self._head_of(s) is not None          # noqa: E731 - a head reads this one's states
             spans = [Span(self.kv.get(s.seq_id), s.num_computed, [s.token_ids[-1]] + p.draft.token_ids.tolist(), "all",
-                          decode=True, hidden=reads(s)) for s, p in zip(decodes, plans)]
+                          decode=True, hidden=reads(s), parents=p.draft.row_parents()) for s, p in zip(decodes, plans)]
             last_span = []                               # per prefill, the index of its last span
             owners = list(decodes)                       # the sequence of each span
             for seq, n in prefills:
@@ -202,7 +215,7 @@ class LLMEngine:
                         owners.append(seq)
                 last_span.append(len(spans) - 1)
             layers = tuple(sorted({i for s in [*decodes, *(s for s, _ in prefills)] if reads(s)
-                                   for i in self.heads[s.spec.method].target_hidden}))
+                                   for i in self.heads[self._head_of(s)].target_hidden}))
             logits, hidden = forward_spans(self.model, spans, layers) if layers else (forward_spans(self.model, spans),
                                                                                        [None] * len(spans))
         except Exception as exc:  # noqa: BLE001 - the step's requests fail; the engine goes on
@@ -213,29 +226,28 @@ class LLMEngine:
         sampling = [(s, p, lg) for s, p, lg in zip(decodes, plans, logits)]
         for seq, span, h in zip(owners[len(decodes):], spans[len(decodes):], hidden[len(decodes):]):
             if h is not None:                            # a prompt chunk's states: every row is committed
-                self.heads[seq.spec.method].accept_hidden(seq.seq_id, span.start, h)
+                self.heads[self._head_of(seq)].accept_hidden(seq.seq_id, span.start, h)
         for (seq, n), lg in zip(prefills, (logits[i] for i in last_span)):
             seq.num_computed += n
             self.kv.commit(seq.seq_id, seq.num_computed)
             if lg is not None:
                 sampling.append((seq, None, lg))
         V = self.vocab_size
-        results = verify_ragged(
-            [self._constrained(s, p, lg[:, :V]) for s, p, lg in sampling],
-            [(p.draft if p else empty_draft()).token_ids for _, p, _ in sampling],
-            [None if p is None or p.draft.q_draft is None else p.draft.q_draft[:, :V].to(self.device)
-             for _, p, _ in sampling],
-            [s.params for s, _, _ in sampling], [s.generator for s, _, _ in sampling])
+        results = self._verify(sampling)
         t2 = time.perf_counter()
         outputs = []
-        for j, ((seq, plan, lg), (num_accepted, emitted)) in enumerate(zip(sampling, results)):
+        for j, ((seq, plan, lg), (num_accepted, emitted, kept)) in enumerate(zip(sampling, results)):
             try:
                 start = seq.num_computed
+                if kept is not None:                     # a tree: its accepted path's K/V moves into place
+                    self.kv.compact(seq.seq_id, start, kept)
+                    lg = lg[torch.tensor(kept, device=lg.device)]
                 committed = self._commit(seq, plan, num_accepted, emitted, t0, t1, t2)
                 if plan is not None and hidden[j] is not None and not seq.finished:
                     # the newest token and the accepted drafts: the rows whose K/V the target kept
-                    self.heads[seq.spec.method].accept_hidden(
-                        seq.seq_id, start, {i: h[: 1 + num_accepted] for i, h in hidden[j].items()})
+                    rows = slice(0, 1 + num_accepted) if kept is None else torch.tensor(kept)
+                    self.heads[self._head_of(seq)].accept_hidden(
+                        seq.seq_id, start, {i: h[rows] for i, h in hidden[j].items()})
                 if seq.constraint is not None:
                     seq.constraint.commit(committed)
                 lps = None
@@ -247,6 +259,27 @@ class LLMEngine:
                 continue
             outputs.append(self._output(seq, committed, lps))
         return outputs
+
+    def _verify(self, sampling: list) -> list[tuple[int, list[int], list[int] | None]]:
+        """Per sequence (num_accepted, emitted, kept): the verification rows whose tokens were kept, in order (the
+        newest token's row, then the accepted path's) for a token tree, None for a chain (rows 0..num_accepted)."""
+        V = self.vocab_size
+        out: list = [None] * len(sampling)
+        chains = [j for j, (_, p, _) in enumerate(sampling) if p is None or p.draft.parents is None]
+        for j in sorted(set(range(len(sampling))) - set(chains)):
+            seq, plan, lg = sampling[j]                  # a greedy request without a grammar (see _propose)
+            path, emitted = verify_tree_greedy(lg[:, :V].argmax(-1).tolist(), plan.draft.token_ids.tolist(),
+                                               plan.draft.parents)
+            out[j] = (len(path), emitted, [0] + [i + 1 for i in path])
+        results = verify_ragged(
+            [self._constrained(s, p, lg[:, :V]) for s, p, lg in (sampling[j] for j in chains)],
+            [(p.draft if p else empty_draft()).token_ids for _, p, _ in (sampling[j] for j in chains)],
+            [None if p is None or p.draft.q_draft is None else p.draft.q_draft[:, :V].to(self.device)
+             for _, p, _ in (sampling[j] for j in chains)],
+            [sampling[j][0].params for j in chains], [sampling[j][0].generator for j in chains])
+        for j, (n, emitted) in zip(chains, results):
+            out[j] = (n, emitted, None)
+        return out
 
     @staticmethod
     def _constrained(seq: Sequence, plan: _Plan | None, logits: torch.Tensor) -> torch.Tensor:
@@ -303,15 +336,19 @@ class LLMEngine:
                 k = max(0, min(k, room))
                 if plan.source == "lookup":
                     plan.draft = Draft(torch.tensor(plan.guess[:k], dtype=torch.long))
+                elif k > 0 and sp.controller.model in self.heads:
+                    to_head.setdefault(sp.controller.model, []).append((i, k))
                 elif k > 0 and self.draft is not None:
                     to_draft.append((i, k))
         for proposer, wanted in [(self.draft, to_draft), *((self.heads[m], w) for m, w in to_head.items())]:
             if not wanted:
                 continue
             ctxs = [ProposalContext(seqs[i].seq_id, seqs[i].token_ids, seqs[i].params, seqs[i].generator,
-                                    seqs[i].constraint) for i, _ in wanted]
-            for (i, _), draft in zip(wanted, proposer.propose(ctxs, [k for _, k in wanted])):
-                plans[i].draft = draft
+                                    seqs[i].constraint, seqs[i].spec.topk, min(seqs[i].spec.depth, k), self.row_cost)
+                    for i, k in wanted]
+            for (i, _), ctx, draft in zip(wanted, ctxs, proposer.propose(ctxs, [k for _, k in wanted])):
+                # only a greedy request without a grammar is verified as a tree (exactly: by argmax)
+                plans[i].draft = draft if draft.parents is None or ctx.tree else empty_draft()
         return plans
 
     def lookup_for(self, sp: SpecState) -> NgramProposer:
@@ -329,7 +366,7 @@ class LLMEngine:
         # the newest token and the accepted drafts now have K/V; the emitted last token does not
         seq.num_computed += 1 + num_accepted
         self.kv.commit(seq.seq_id, seq.num_computed)     # rejected drafts' K/V is simply not counted
-        num_draft = len(plan.draft)
+        num_draft = plan.draft.depth                     # a tree counts by the positions it can fill
         stats.target_forwards += 1
         stats.draft_time_s += t1 - t0
         stats.verify_time_s += t2 - t1

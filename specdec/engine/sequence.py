@@ -24,6 +24,8 @@ class SpecState:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     pool: str = "default"
+    topk: int = 1                           # a learned head's token tree: guesses expanded per node (1: a chain)
+    depth: int = 0                          # ... and its depth (a chain: k)
     decision: object | None = None          # policy.decide's Decision (method auto)
     controller: object | None = None        # policy.decide.StepController (method auto, when it speculates)
 

@@ -21,6 +21,8 @@ class AttnRun:
     mask: torch.Tensor | None    # [rows, key_len] bool, rows >= num_rows (zero-padded queries); None = no mask needed
     decode: bool = False         # generated tokens: the compiled attention runs them row by row over exactly their
                                  # keys (key_len, mask and padding then only serve the eager fallback)
+    tree: torch.Tensor | None = None   # a token tree's rows (decode): int64 [rows, 1 + W], per row the number of
+                                 # leading cache slots it sees, then its path's slots (ancestors, itself; -1 padded)
 
 
 @dataclass
@@ -61,10 +63,10 @@ class AttnMetadata:
     def per_seq_lists(self) -> tuple[list, ...]:
         """The metadata in the form the compiled ragged attention takes, built once per forward for every layer:
         per sequence (k caches, v caches, starts, counts), then per run (sequence index, first row in the flat
-        batch, rows, key length, additive mask, decode)."""
+        batch, rows, key length, additive mask, decode, tree key lists)."""
         seqs = self.seqs
         runs = [(i, s.query_start + r.first, r.num_rows, r.key_len,
-                 None if r.decode else additive_mask(r.mask, s.kv.k.dtype), r.decode)
+                 None if r.decode else additive_mask(r.mask, s.kv.k.dtype), r.decode, r.tree)
                 for i, s in enumerate(seqs) for r in s.runs]
         return ([s.kv.k for s in seqs], [s.kv.v for s in seqs], [s.start for s in seqs], [s.num_tokens for s in seqs],
                 *map(list, zip(*runs)))
@@ -83,10 +85,28 @@ def _causal_run(start: int, first: int, num_rows: int, min_query_rows: int, key_
     return AttnRun(first, num_rows, key_len, mask, decode)
 
 
+def tree_keys(paths: list[list[int]], prefix: int) -> torch.Tensor:
+    """Key lists of token-tree rows: each row sees cache slots 0..prefix-1 and then the slots of its path (its
+    speculative ancestors in depth order, then its own)  # int64 [rows, 1 + max path], -1 padded."""
+    width = max(len(p) for p in paths)
+    return torch.tensor([[prefix, *p, *([-1] * (width - len(p)))] for p in paths], dtype=torch.long)
+
+
+def _tree_run(tree: torch.Tensor, key_len: int, device) -> AttnRun:
+    # one decode run over every row of a tree; the bool mask (the same keys) serves the eager fallback
+    rows = tree.shape[0]
+    mask = torch.zeros(rows, key_len, dtype=torch.bool)
+    for r, (prefix, *path) in enumerate(tree.tolist()):
+        mask[r, :prefix] = True
+        mask[r, [p for p in path if p >= 0]] = True
+    return AttnRun(0, rows, key_len, mask.to(device), True, tree)
+
+
 def causal_metadata(spans: list[tuple], min_query_rows: int = 1, key_block: int = 1,
                     device: torch.device | str | None = None) -> AttnMetadata:
-    """spans: (kv, start, num_tokens) or (kv, start, num_tokens, decode) per sequence, in flat-batch order ->
-    causal AttnMetadata.
+    """spans: (kv, start, num_tokens), (kv, start, num_tokens, decode) or (kv, start, num_tokens, decode, tree) per
+    sequence, in flat-batch order -> causal AttnMetadata; a span with a tree (see `tree_keys`) is one decode run of
+    token-tree rows, each attending over its own key list.
 
     Decode rows (generated tokens: plain steps, verification rows) go to the compiled row-by-row attention on
     CPU, which is batch-invariant by construction: each row attends over exactly its own keys in a fixed order.
@@ -104,8 +124,12 @@ def causal_metadata(spans: list[tuple], min_query_rows: int = 1, key_block: int 
     seqs, row = [], 0
     for kv, start, t, *kind in spans:
         decode = bool(kind and kind[0])
+        tree = kind[1] if len(kind) > 1 else None
         runs = []
-        if key_block > 1:
+        if tree is not None:
+            key_len = -(-max(start + t, int(tree[:, 1:].max()) + 1) // key_block) * key_block
+            runs.append(_tree_run(tree, key_len, device))
+        elif key_block > 1:
             first = 0
             while first < t:
                 key_len = -(-(start + first + 1) // key_block) * key_block     # the block holding this row's key

@@ -34,6 +34,12 @@ class SeqKV:
             setattr(self, name, new)
         self.length = keep
 
+    def move(self, src: list[int], dst: int) -> None:
+        """Copy the entries at positions src (ascending) to dst, dst+1, ... in every layer (a tree's kept path)."""
+        idx = torch.tensor(src, device=self.k.device)
+        for t in (self.k, self.v):
+            t[:, :, dst: dst + len(src)] = t[:, :, idx]
+
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of layer i  # [Hkv, capacity, D] views."""
         return self.k[i], self.v[i]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attn_metadata import causal_metadata
+from .attn_metadata import causal_metadata, tree_keys
 from .kv_cache import SeqKV
 
 
@@ -21,6 +21,20 @@ class Span:
     decode: bool = False         # generated tokens (a decode step, verification rows), not prompt tokens: their
                                  # attention runs row by row (see models/attn_metadata.py)
     hidden: bool = False         # also return the rows' hidden states at the layers forward_spans is asked for
+    parents: list[int] | None = None   # a token tree (decode): row i's parent row (row 0, the newest token: -1); row
+                                 # i sits at cache slot start+i and position start+depth(i), attending over its path
+
+    def layout(self) -> tuple[list[int], torch.Tensor | None]:
+        """Positions of the rows, and the tree's key lists (None for causal rows)."""
+        n = len(self.token_ids)
+        if self.parents is None:
+            return list(range(self.start, self.start + n)), None
+        paths: list[list[int]] = []
+        for i, p in enumerate(self.parents):
+            if not -1 <= p < i or (p == -1) != (i == 0):
+                raise ValueError(f"token tree: row {i}'s parent {p} must be an earlier row (only row 0 is the root)")
+            paths.append((paths[p] if p >= 0 else []) + [self.start + i])
+        return [self.start + len(p) - 1 for p in paths], tree_keys(paths, self.start)
 
 
 @torch.inference_mode()
@@ -30,12 +44,14 @@ def forward_spans(model, spans: list[Span], aux_layers: tuple[int, ...] = ()):
     With aux_layers, returns (logits, hidden): hidden per span is {layer: [len(token_ids), H]} for spans with
     `hidden` set (None for the others), from the same forward (see Transformer.forward)."""
     device = model.embed_tokens.weight.device
-    ids, pos, want = [], [], []
+    ids, pos, want, trees = [], [], [], []
     row = 0
     for s in spans:
         n = len(s.token_ids)
         ids += s.token_ids
-        pos += range(s.start, s.start + n)
+        positions, tree = s.layout()
+        pos += positions
+        trees.append(tree)
         if s.logits == "all":
             want.append((row, row + n))
         elif s.logits == "last":
@@ -43,8 +59,8 @@ def forward_spans(model, spans: list[Span], aux_layers: tuple[int, ...] = ()):
         else:
             want.append(None)
         row += n
-    attn = causal_metadata([(s.kv, s.start, len(s.token_ids), s.decode) for s in spans], model.min_query_rows,
-                           model.key_block, device)
+    attn = causal_metadata([(s.kv, s.start, len(s.token_ids), s.decode, t) for s, t in zip(spans, trees)],
+                           model.min_query_rows, model.key_block, device)
     out = model(torch.tensor(ids, dtype=torch.long, device=device),
                 torch.tensor(pos, dtype=torch.long, device=device), attn, aux_layers)
     if not aux_layers:

@@ -7,6 +7,10 @@ to one over a single token), so the expected speedup over plain decoding is
 
     S_draft(α, k) = E(α, k) / (k·c + V(k+1)),      S_ngram(α, k) = E(α, k) / (V(k+1) + lookup)
 
+A learned head (eagle3, medusa) costs h1 for its first draft token (feeding the target's newest states, one layer
+and an output head) and h for each further one: S_head(α, k) = E(α, k) / (h1 + (k−1)·h + V(k+1)); Medusa's heads
+guess every position at once (h ≈ 0).
+
 Both c and V(n) are measured on the machine (see `measure.py`); this file is pure arithmetic.
 """
 from __future__ import annotations
@@ -34,6 +38,7 @@ class CostModel:
     lookup: float = 0.0                  # n-gram lookup per step, relative to a target step
     target_step_s: float = 0.0           # seconds of one plain target step (for net-speedup accounting)
     source: str = "measured"             # where the numbers came from
+    heads: dict = field(default_factory=dict)   # learned head method -> [h1, h]: its first / each further draft token
 
     def __post_init__(self):
         # a forward over more tokens never costs less than over fewer: measurement noise (and row padding that
@@ -67,20 +72,25 @@ class CostModel:
 
     def to_dict(self) -> dict:
         return {"draft_step": self.draft_step, "verify": list(self.verify), "verify_large": self.verify_large,
-                "lookup": self.lookup, "target_step_s": self.target_step_s, "source": self.source}
+                "lookup": self.lookup, "target_step_s": self.target_step_s, "source": self.source,
+                "heads": {m: list(c) for m, c in self.heads.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
         return cls(float(d["draft_step"]), [float(v) for v in d["verify"]], d.get("verify_large", []),
-                   float(d.get("lookup", 0.0)), float(d.get("target_step_s", 0.0)), d.get("source", "cache"))
+                   float(d.get("lookup", 0.0)), float(d.get("target_step_s", 0.0)), d.get("source", "cache"),
+                   {m: [float(x) for x in c] for m, c in d.get("heads", {}).items()})
 
 
 def proposal_cost(method: str, k: int, cost: CostModel) -> float:
-    """Time spent proposing k tokens, in target-step units: k draft steps, or one n-gram lookup."""
+    """Time spent proposing k tokens, in target-step units: k draft steps, one n-gram lookup, or a head's steps."""
     if method == "draft":
         return k * cost.draft_step
     if method == "ngram":
         return cost.lookup
+    if method in cost.heads:
+        first, further = cost.heads[method]
+        return first + max(k - 1, 0) * further if k > 0 else 0.0
     raise ValueError(f"no cost model for method '{method}'")
 
 

@@ -20,7 +20,8 @@ class PolicyConfig:
     window: int = 16                  # pool window, in speculative requests
     min_window_tokens: int = 24       # draft tokens a window needs before the pool can be judged
     probe_fraction: float = 0.1       # share of a disabled pool's requests that still speculate, to re-test it
-    prior_alpha: dict = field(default_factory=lambda: {"draft": 0.8, "ngram": 0.3})  # before any observation
+    prior_alpha: dict = field(default_factory=lambda: {"draft": 0.8, "ngram": 0.3, "eagle3": 0.5, "medusa": 0.4})
+                                      # acceptance before any observation
     explore_requests: int = 1         # requests per (pool, temperature bucket) each method gets before exploiting
 
     def __post_init__(self):
@@ -40,9 +41,12 @@ class RequestFeatures:
     load: int = 0                     # running + waiting requests when this one arrives
 
 
+MODEL_METHODS = ("draft", "eagle3", "medusa")   # proposers that cost time per draft token (not prompt lookup)
+
+
 @dataclass
 class Decision:
-    method: str                       # none | ngram | draft
+    method: str                       # none | ngram | draft | eagle3 | medusa
     k: int
     expected_speedup: float
     reason: str
@@ -86,7 +90,7 @@ def effective_alpha(mean_accepted_length: float, k: int) -> float:
 
 def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: CostModel, cfg: PolicyConfig,
            available: tuple[str, ...] = ("ngram", "draft")) -> Decision:
-    """Pick none / ngram / draft and k to maximise the expected speedup S(α, k).
+    """Pick none / ngram / draft / a learned head and k to maximise the expected speedup S(α, k).
 
     >>> cm = CostModel(draft_step=0.4, verify=[1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16])
     >>> d = choose(RequestFeatures(max_tokens=256), {"draft": 0.9, "ngram": 0.1}, cm, PolicyConfig())
@@ -115,11 +119,12 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
     if best.expected_speedup < cfg.min_speedup:
         return Decision("none", 0, 1.0, f"best {best.method} k={best.k} expected {best.expected_speedup:.2f}x "
                                         f"< {cfg.min_speedup:.2f}x (α={best.alpha:.2f})", best.alpha)
-    draft = cands.get("draft")
+    models = [d for m, d in cands.items() if m in MODEL_METHODS]
+    draft = max(models, key=lambda d: d.expected_speedup) if models else None
     if draft is not None and draft.expected_speedup >= cfg.min_speedup and "ngram" in available:
-        # the draft runs whenever it pays: prompt lookup still takes the steps where its guess is the better bet
-        # (StepController), so the pair does at least as well as lookup alone
-        draft.reason += " (lookup where it beats the draft)"
+        # the best model proposer (draft model or head) runs whenever it pays: prompt lookup still takes the steps
+        # where its guess is the better bet (StepController), so the pair does at least as well as lookup alone
+        draft.reason += f" (lookup where it beats the {draft.method})"
         return draft
     return best
 
@@ -146,7 +151,8 @@ class StepController:
     def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig,
                  lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[float, float, float]] | None = None,
                  use_lookup: bool = True):
-        self.k = k if method == "draft" else 0            # method "ngram": lookup alone, no draft steps
+        self.model = method if method in MODEL_METHODS else "draft"   # the model proposer: draft model or a head
+        self.k = k if method in MODEL_METHODS else 0      # method "ngram": lookup alone, no draft steps
         self.cost, self.cfg = cost, cfg
         self.use_lookup = use_lookup                      # False: guesses are only scored, never verified
         self.prior_alpha = alpha
@@ -201,7 +207,7 @@ class StepController:
         the choice. Without one, the sequence is alone in its step.
         """
         budget = budget or StepBudget(self.cost)
-        k_d, g_d = budget.best("draft", self.alpha, self.k) if self.k else (0, 1.0)
+        k_d, g_d = budget.best(self.model, self.alpha, self.k) if self.k else (0, 1.0)
         choice = ("draft", k_d, g_d, self.alpha)
         if lookup_len and self.use_lookup:
             a = self.lookup_alpha_for(n, lookup_len)
@@ -209,7 +215,7 @@ class StepController:
             if k_l and g_l > g_d:
                 choice = ("lookup", k_l, g_l, a)
         source, k, _, alpha = choice
-        budget.add("ngram" if source == "lookup" else "draft", alpha, k)
+        budget.add("ngram" if source == "lookup" else self.model, alpha, k)
         return source, k
 
     def observe(self, source: str, num_draft: int, num_accepted: int, n: int = 0, lookup_len: int = 0,
@@ -233,5 +239,5 @@ class StepController:
         self.drafted += num_draft
         self.accepted += num_accepted
         self.steps += 1
-        k, s = best_k("draft", self.alpha, self.cost, self.cfg.k_max)
+        k, s = best_k(self.model, self.alpha, self.cost, self.cfg.k_max)
         self.k = k if s >= self.cfg.min_speedup else 0

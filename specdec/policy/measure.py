@@ -47,13 +47,43 @@ def large_row_points(k_max: int, max_rows: int) -> list[int]:
     return sorted(set(pts))
 
 
+def _head_times(proposer, hidden_size: int, vocab: int, dtype, device, context: int, k: int,
+                repeats: int) -> tuple[float, float]:
+    """Seconds a learned head's proposer takes for its first draft token and for each further one, as the engine
+    drives it: the target's states of the newest row handed over, then one proposal, after `context` rows."""
+    from ..proposers.base import ProposalContext
+    from ..sampling_params import SamplingParams
+
+    seq_id, params = -12345, SamplingParams(temperature=0.0)
+    states = lambda n: {i: torch.zeros(n, hidden_size, dtype=dtype, device=device)   # noqa: E731
+                        for i in proposer.target_hidden}
+    ids = [(i * 31 + 7) % vocab for i in range(context + 1)]
+    proposer.accept_hidden(seq_id, 0, states(context))
+    proposer.propose([ProposalContext(seq_id, list(ids), params, None)], [1])    # the prompt's rows: not timed
+    best = {1: float("inf"), k: float("inf")}
+    try:
+        for i in range(repeats + 1):
+            for n in (1, k):
+                proposer.accept_hidden(seq_id, len(ids) - 1, states(1))
+                ids.append(7 % vocab)
+                t0 = time.perf_counter()
+                proposer.propose([ProposalContext(seq_id, list(ids), params, None)], [n])
+                if i:
+                    best[n] = min(best[n], time.perf_counter() - t0)
+    finally:
+        proposer.release(seq_id)
+    return best[1], max(0.0, (best[k] - best[1]) / max(k - 1, 1))
+
+
 @torch.inference_mode()
 def measure_cost_model(target, draft=None, lookup=None, k_max: int = 8, context: int = 256,
-                       repeats: int = 5, max_rows: int = 0) -> CostModel:
-    """target/draft: Transformer models; lookup(token_ids) -> proposal, the n-gram proposer's search.
+                       repeats: int = 5, max_rows: int = 0, heads: dict | None = None) -> CostModel:
+    """target/draft: Transformer models; lookup(token_ids) -> proposal, the n-gram proposer's search; heads: the
+    engine's learned-head proposers by method.
 
     V(n) = t(n) / t(1) for n = 1..k_max+1 and at a few row counts up to `max_rows` (a batched step);
-    c = draft step / target step; lookup cost / target step.
+    c = draft step / target step; lookup cost / target step; per head, its first and each further draft token
+    / target step.
     """
     small = list(range(1, k_max + 2))
     t = _forward_times(target, small, context, repeats)
@@ -62,8 +92,12 @@ def measure_cost_model(target, draft=None, lookup=None, k_max: int = 8, context:
     large = [[n, x / t[1]] for n, x in _forward_times(target, big, context, max(2, repeats // 2)).items()] if big else []
     c = _forward_times(draft, [1], context, repeats)[1] / t[1] if draft is not None else float("inf")
     cost = _lookup_time(lookup, context) / t[1] if lookup is not None else 0.0
+    w = target.embed_tokens.weight
+    head_cost = {m: [x / t[1] for x in _head_times(p, target.config.hidden_size, w.shape[0], w.dtype, w.device,
+                                                    context, min(k_max, 4), repeats)]
+                 for m, p in (heads or {}).items()}
     return CostModel(draft_step=c, verify=verify, verify_large=large, lookup=cost, target_step_s=t[1],
-                     source="measured")
+                     source="measured", heads=head_cost)
 
 
 def _lookup_time(lookup, context: int) -> float:

@@ -224,7 +224,7 @@ class SpeculationPolicy:
         else:
             c = controller
             if c.steps:
-                found.append(Observation("draft", bucket, max(1, round(c.drafted / c.steps)), c.drafted, c.accepted,
+                found.append(Observation(c.model, bucket, max(1, round(c.drafted / c.steps)), c.drafted, c.accepted,
                                          c.steps, c.steps, c.steps + c.accepted, net))
             if c.lookup_evaluated and "ngram" in self.available:
                 found.append(Observation("ngram", bucket, max(1, round(c.lookup_proposed / max(1, c.lookup_guesses))),

@@ -6,6 +6,7 @@ batched forwards (vLLM's flat draft batches); per-sequence proposers simply loop
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,15 +24,40 @@ class ProposalContext:
     params: SamplingParams
     generator: torch.Generator | None
     constraint: object | None = None       # sampling.grammar.Constraint: draft only what the grammar allows
+    topk: int = 1                          # a token tree may branch this wide (heads; 1: draft a chain)
+    depth: int = 0                         # ... and go this deep (0: k)
+    # V(n), the target's forward over n rows relative to one (measured): sizes a tree; None: k nodes
+    row_cost: Callable[[int], float] | None = None
+
+    @property
+    def tree(self) -> bool:
+        """Draft a tree: asked for, and the request is greedy and free of a grammar (else a chain is verified)."""
+        return self.topk > 1 and self.params.greedy and self.constraint is None
 
 
 @dataclass
 class Draft:
     token_ids: torch.Tensor                # [k'] proposed tokens, k' <= k (0: nothing to propose)
     q_draft: torch.Tensor | None = None    # [k', V] the draft's (processed) probabilities; None = one-hot
+    parents: list[int] | None = None       # a token tree (greedy only): node i's parent node, -1 for the newest
+                                           # token; parents come before children. None: a chain
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
+
+    @property
+    def depth(self) -> int:
+        """The most tokens verification can accept from it."""
+        if self.parents is None:
+            return len(self)
+        depth: list[int] = []
+        for p in self.parents:
+            depth.append(1 + (depth[p] if p >= 0 else 0))
+        return max(depth, default=0)
+
+    def row_parents(self) -> list[int] | None:
+        """Parents by verification row (row 0: the newest token, row i+1: node i), or None for a chain."""
+        return None if self.parents is None else [-1] + [p + 1 for p in self.parents]
 
 
 @dataclass

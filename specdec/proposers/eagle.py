@@ -6,15 +6,20 @@ t and the token at t+1. After every target forward the engine hands over the sta
 call), whose last row drafts the first token; each further draft row feeds the head its own output and its last
 guess (`Eagle3Head.forward`). Those speculative rows are dropped at the next call (the cache goes back to the rows
 fed with target states), exactly as in vLLM and the EAGLE reference.
+
+A greedy request that asks for a tree (eagle_topk > 1) is drafted EAGLE-2 style (proposers/tree.py): each level's
+best nodes are expanded in one forward of the head, a row per node, each attending over the committed rows and its
+own ancestors' rows only (a tree mask), and the likeliest nodes of the whole tree go to verification.
 """
 from __future__ import annotations
 
 import torch
 
 from ..engine.kv_manager import KVManager
-from ..models.attn_metadata import causal_metadata
+from ..models.attn_metadata import causal_metadata, tree_keys
 from ..models.eagle3 import Eagle3Head
 from .base import Draft, ProposalContext, Proposer, draft_token, empty_draft, scatter_vocab
+from .tree import TreeBuilder
 
 DECODE_ROWS = 16     # feeds up to this many rows take the row-by-row attention
 
@@ -60,6 +65,7 @@ class Eagle3Proposer(Proposer):
     @torch.inference_mode()
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
         drafted: list[list[int]] = [[] for _ in ctxs]
+        tree_parents: list[list[int] | None] = [None] * len(ctxs)
         q_rows: list[list[torch.Tensor]] = [[] for _ in ctxs]
         owners, feeds = [], []                      # (kv, start, token ids, target states, seq id) per drafting seq
         for i, (ctx, k) in enumerate(zip(ctxs, ks)):
@@ -71,7 +77,7 @@ class Eagle3Proposer(Proposer):
             # the rows to feed: positions fed .. n-2, each with the token after it (the newest token is n-1)
             if pend is None or pend.start != fed or fed + pend.count != n - 1:
                 continue                             # states missing (cannot happen in the engine): no draft
-            kv = self.kv.ensure(ctx.seq_id, n - 1 + k)
+            kv = self.kv.ensure(ctx.seq_id, n - 1 + (k if not ctx.tree else 1 + (ctx.depth - 1) * ctx.topk))
             self.kv.truncate(ctx.seq_id, fed)        # forget last step's speculative rows
             feeds.append((kv, fed, ctx.token_ids[fed + 1: n], pend.take(), ctx.seq_id))
             owners.append(i)
@@ -88,7 +94,14 @@ class Eagle3Proposer(Proposer):
         for f in feeds:
             self.kv.commit(f[4], f[1] + len(f[2]))
         h_last = h[last]                                                            # [S, H]
-        active = list(range(len(owners)))
+        trees = [j for j in range(len(owners)) if ctxs[owners[j]].tree]
+        if trees:
+            built = self._draft_trees([ctxs[owners[j]] for j in trees], [ks[owners[j]] for j in trees], h_last[trees],
+                                      [feeds[j] for j in trees])
+            for j, (tokens, parents) in zip(trees, built):
+                drafted[owners[j]] = tokens
+                tree_parents[owners[j]] = parents
+        active = [j for j in range(len(owners)) if not ctxs[owners[j]].tree]
         while active:
             logits = scatter_vocab(self.head.compute_logits(h_last[active]), self.d2t, self.head.cfg.vocab_size,
                                    self.vocab_size)                                 # [A, V]
@@ -115,8 +128,50 @@ class Eagle3Proposer(Proposer):
         for ctx in ctxs:
             if ctx.constraint is not None:
                 ctx.constraint.rollback_draft()
-        return [Draft(torch.tensor(d, dtype=torch.long), torch.stack(q) if q else None)
-                for d, q in zip(drafted, q_rows)]
+        return [Draft(torch.tensor(d, dtype=torch.long), torch.stack(q) if q else None, t)
+                for d, q, t in zip(drafted, q_rows, tree_parents)]
+
+    def _draft_trees(self, ctxs: list[ProposalContext], budgets: list[int], h_root: torch.Tensor,
+                     feeds: list[tuple]) -> list[tuple[list[int], list[int]]]:
+        """EAGLE-2 trees for greedy sequences: h_root [S, H] the head's state after each one's newest token."""
+        device = h_root.device
+        builders = [TreeBuilder(ctx.topk) for ctx in ctxs]
+        logp = torch.log_softmax(self.head.compute_logits(h_root), -1)               # [S, V']
+        for b, lp in zip(builders, logp):
+            b.add_children(-1, lp, self.d2t)
+        h_of: dict[tuple[int, int], torch.Tensor] = {}                              # (seq, node) -> h of its parent
+        for s, b in enumerate(builders):
+            for i in range(len(b.nodes)):
+                h_of[(s, i)] = h_root[s]
+        for depth in range(1, max(ctx.depth for ctx in ctxs)):
+            grow = [(s, b.pick_frontier(depth)) for s, (b, ctx) in enumerate(zip(builders, ctxs)) if depth < ctx.depth]
+            if not grow:
+                break
+            spans, toks, gs, positions, rows = [], [], [], [], []
+            for s, frontier in grow:
+                kv, b = feeds[s][0], builders[s]
+                prefix, start = self.fed[feeds[s][4]], kv.length                    # committed rows; first free slot
+                paths = []
+                for r, node in enumerate(frontier):
+                    b.nodes[node].slot = start + r
+                    paths.append([b.nodes[a].slot for a in b.path(node)])
+                    toks.append(b.nodes[node].token)
+                    gs.append(h_of[(s, node)])
+                    positions.append(prefix + depth - 1)
+                    rows.append((s, node))
+                spans.append((kv, start, len(frontier), True, tree_keys(paths, prefix)))
+            attn = causal_metadata(spans, device=device)
+            h = self.head(self.embed(torch.tensor(toks, dtype=torch.long, device=device)), torch.stack(gs),
+                          torch.tensor(positions, device=device), attn)              # [rows, H]
+            for (kv, start, t, *_), (s, _) in zip(spans, grow):
+                self.kv.commit(feeds[s][4], start + t)
+            logp = torch.log_softmax(self.head.compute_logits(h), -1)              # [rows, V']
+            for (s, node), lp, h_row in zip(rows, logp, h):
+                first = len(builders[s].nodes)
+                builders[s].add_children(node, lp, self.d2t)
+                for i in range(first, len(builders[s].nodes)):
+                    h_of[(s, i)] = h_row
+        return [b.select(k, ctx.row_cost) for b, k, ctx in zip(builders, budgets, ctxs)]
 
     def release(self, seq_id: int) -> None:
         self.kv.free_seq(seq_id)

@@ -6,6 +6,10 @@ token); the engine hands it over after every target forward (`accept_hidden`). H
 j + 1 places after the newest token. The guesses do not condition on each other, which verification allows: each
 q_draft row is a distribution over the draft token at that place given the prefix, as exact rejection sampling
 requires (a head's distribution simply ignores the earlier guesses).
+
+A greedy request that asks for a tree (eagle_topk > 1) gets Medusa's tree of candidates: head j's topk best guesses
+under each of the topk likeliest nodes of the level above, the likeliest nodes of all of them kept (the scores are
+the heads' path probabilities, as Medusa's calibrated choice trees; here picked per step, EAGLE-2 style).
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import torch
 
 from ..models.medusa import MedusaHeads
 from .base import Draft, ProposalContext, Proposer, draft_token, empty_draft, scatter_vocab
+from .tree import TreeBuilder
 
 
 class MedusaProposer(Proposer):
@@ -39,6 +44,10 @@ class MedusaProposer(Proposer):
         head_logits = self.heads(h, max(k for _, k in live))                      # per head [S, head vocab]
         tmap = self.heads.token_map
         for row, (i, k) in enumerate(live):
+            ctx = ctxs[i]
+            if ctx.tree:
+                out[i] = self._tree(ctx, ks[i], [lg[row] for lg in head_logits[: min(ctx.depth, k)]])
+                continue
             q_rows: list[torch.Tensor] = []
             toks = []
             for j in range(k):
@@ -49,6 +58,17 @@ class MedusaProposer(Proposer):
                 ctxs[i].constraint.rollback_draft()
             out[i] = Draft(torch.tensor(toks, dtype=torch.long), torch.stack(q_rows) if q_rows else None)
         return out
+
+    def _tree(self, ctx: ProposalContext, budget: int, logits: list[torch.Tensor]) -> Draft:
+        """A tree over the heads' guesses: logits[j] [V'] is head j's, one level per head."""
+        b = TreeBuilder(ctx.topk)
+        logp = [torch.log_softmax(lg.float(), -1) for lg in logits]
+        b.add_children(-1, logp[0], self.heads.token_map)
+        for depth in range(1, len(logp)):
+            for node in b.pick_frontier(depth):
+                b.add_children(node, logp[depth], self.heads.token_map)
+        tokens, parents = b.select(budget, ctx.row_cost)
+        return Draft(torch.tensor(tokens, dtype=torch.long), None, parents)
 
     def release(self, seq_id: int) -> None:
         self.last.pop(seq_id, None)

@@ -25,6 +25,25 @@ def verify_greedy(target_argmax: torch.Tensor, draft_tokens: torch.Tensor) -> tu
     return n, target_argmax[: n + 1].clone()
 
 
+def verify_tree_greedy(target_argmax: list[int], draft_tokens: list[int],
+                       parents: list[int]) -> tuple[list[int], list[int]]:
+    """Greedy verification of a token tree: follow the target's argmax down the tree while a child holds it.
+
+    target_argmax: per verification row (row 0: the newest token, row i+1: draft node i), the target's argmax.
+    draft_tokens, parents: node i's token and parent node (-1: the newest token); parents come first.
+    Returns (path, emitted): the accepted nodes root to leaf, and the emitted tokens (theirs, then the target's
+    argmax after the last: recovered or bonus), exactly what greedy decoding of the target would produce.
+    """
+    children: dict[tuple[int, int], int] = {}
+    for i, (tok, p) in enumerate(zip(draft_tokens, parents)):
+        children.setdefault((p, tok), i)            # a duplicate sibling can never be reached: the first wins
+    path, node = [], -1
+    while (nxt := children.get((node, target_argmax[node + 1]))) is not None:
+        path.append(nxt)
+        node = nxt
+    return path, [draft_tokens[i] for i in path] + [target_argmax[node + 1]]
+
+
 def verify_sampling_batch(p_target: torch.Tensor, q_draft: torch.Tensor | None, draft_tokens: torch.Tensor,
                           generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023), for a batch.

@@ -235,7 +235,8 @@ def _completion_ids(state: ServerState, req: CompletionRequest) -> list[int]:
 def _spec_for(state: ServerState, req) -> SpeculativeConfig:
     base = state.engine.default_spec
     o = req.speculative
-    if o is None or (o.method is None and o.num_speculative_tokens is None):
+    if o is None or (o.method is None and o.num_speculative_tokens is None and o.eagle_topk is None
+                     and o.num_steps is None):
         return base
     method = o.method or base.method
     if method == "auto" and o.num_speculative_tokens is not None:
@@ -248,10 +249,14 @@ def _spec_for(state: ServerState, req) -> SpeculativeConfig:
         raise APIError(400, f"speculative method '{method}' needs its head loaded at start-up (--speculative-config "
                             f"method); this server has: {', '.join(state.engine.head_methods) or 'none'}",
                        param="speculative.method")
+    same = method == base.method
     k = o.num_speculative_tokens if o.num_speculative_tokens is not None else (
-        base.num_speculative_tokens if method == base.method else None)
+        base.num_speculative_tokens if same else None)
+    topk = o.eagle_topk or (base.eagle_topk if same else 1)
+    steps = o.num_steps or (base.num_steps if same and k == base.num_speculative_tokens and topk == base.eagle_topk
+                            else None)
     try:
-        return replace(base, method=method, num_speculative_tokens=k)
+        return replace(base, method=method, num_speculative_tokens=k, eagle_topk=topk, num_steps=steps)
     except ValueError as exc:
         raise APIError(400, str(exc), param="speculative") from None
 

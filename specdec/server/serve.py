@@ -12,7 +12,8 @@ from ..engine import SchedulerConfig
 from ..errors import SpecDecError
 from ..utils import parse_json_object
 
-SPEC_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "quantization"}
+SPEC_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "quantization",
+             "eagle_topk", "num_steps"}
 
 
 def parse_speculative_config(text: str | None) -> SpeculativeConfig:
@@ -66,7 +67,23 @@ def check_server_args(args) -> None:
     if args.drain_timeout < 0:
         raise SpecDecError("--drain-timeout must be >= 0")
     parse_speculative_config(args.speculative_config)
+    parse_heads(getattr(args, "spec_heads", None))
     scheduler_config(args)
+
+
+def parse_heads(text: str | None) -> dict[str, str | None]:
+    """--spec-heads 'eagle3,medusa=DIR' -> {method: directory or None (the shipped head)}."""
+    from ..models.heads import HEAD_METHODS
+
+    out: dict[str, str | None] = {}
+    for part in (p.strip() for p in (text or "").split(",")):
+        if not part:
+            continue
+        method, _, path = part.partition("=")
+        if method not in HEAD_METHODS:
+            raise SpecDecError(f"--spec-heads: '{method}' is not a learned head method ({', '.join(HEAD_METHODS)})")
+        out[method] = path or None
+    return out
 
 
 def scheduler_config(args) -> SchedulerConfig:
@@ -89,12 +106,15 @@ def build_engine(args):
         spec.model = args.draft
     llm = LLM(target=args.target, draft=spec.model if spec.method in ("draft", "auto") else None, speculative=spec,
               dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, num_threads=args.threads,
-              scheduler=scheduler_config(args), quantization=args.quantization)
+              scheduler=scheduler_config(args), quantization=args.quantization,
+              heads=parse_heads(getattr(args, "spec_heads", None)))
     if spec.method == "auto":
         from ..policy import PolicyConfig
 
         llm.policy(PolicyConfig(k_max=spec.num_speculative_tokens, max_load=args.spec_max_load,
                                 min_acceptance=args.spec_min_acceptance))
+    if llm.heads:
+        llm.row_cost(1)          # token trees are sized by the measured cost model: measure it now, not mid-request
     name = args.served_model_name or llm.target.name
     engine = AsyncEngine(llm, spec, args.max_queued, ServerMetrics(name), log_interval_s=args.log_interval)
     return engine, name

@@ -1,6 +1,8 @@
 """Training text for draft heads: token sequences from a comma list of sources.
 
-- `sharegpt:N`  N ShareGPT V3 conversations (every turn, through the target's chat template)
+- `sharegpt:N` or `sharegpt[A:B]`  ShareGPT V3 conversations (every turn, through the target's chat template): the
+  first N, or conversations A..B-1; `sharegpt-code:N` / `sharegpt-code[A:B]` count only those whose first user turn
+  asks about code (a code fence, or words such as python, function, script, SQL)
 - `humaneval[:N]` or `humaneval[A:B]`  HumanEval problems with their canonical solutions as the answer, in the
   form `bench --prompts humaneval` asks them (`humaneval[20:]` leaves out the 20 problems the benchmark uses)
 - a `.jsonl` file: lines with `messages` (chat), `text`, or `prompt` + `completion`
@@ -19,21 +21,30 @@ from ..errors import SpecDecError
 
 CODE_SUFFIXES = {".py", ".c", ".h", ".cc", ".cpp", ".hpp", ".js", ".ts", ".go", ".rs", ".java", ".sh", ".rb"}
 _HUMANEVAL = re.compile(r"^humaneval(?:\[(\d*):(\d*)\]|:(\d+))?$")
+_SHAREGPT = re.compile(r"^sharegpt(-code)?(?:\[(\d*):(\d*)\]|:(\d+))?$")
+_CODE_ASK = re.compile(r"```|\b(python|javascript|typescript|java|golang|rust|c\+\+|sql|bash|function|script|code|"
+                       r"program|class|regex|api|html|css|json|algorithm|implement)\b", re.IGNORECASE)
 
 
-def _sharegpt(n: int) -> list[list[dict]]:
+def _sharegpt(lo: int, hi: int | None, code: bool = False) -> list[list[dict]]:
+    """Conversations lo..hi-1 (of all, or of the code ones) as message lists."""
     from ..bench.datasets import _sharegpt_conversations  # noqa: PLC2701 - the one ShareGPT reader
 
-    out = []
+    out, seen = [], 0
     roles = {"human": "user", "gpt": "assistant", "system": "system"}
     for conv in _sharegpt_conversations():
         turns = [(roles.get(t.get("from")), (t.get("value") or "").strip()) for t in conv.get("conversations") or []
                  if isinstance(t, dict)]
         msgs = [{"role": r, "content": c} for r, c in turns if r and c]
-        if len(msgs) >= 2 and msgs[0]["role"] in ("user", "system"):
+        if len(msgs) < 2 or msgs[0]["role"] not in ("user", "system"):
+            continue
+        if code and not _CODE_ASK.search(next((m["content"] for m in msgs if m["role"] == "user"), "")):
+            continue
+        if seen >= lo:
             out.append(msgs)
-            if len(out) >= n:
-                break
+        seen += 1
+        if hi is not None and seen >= hi:
+            break
     return out
 
 
@@ -88,8 +99,16 @@ def load_source(source: str, tokenizer) -> list:
     """One source -> documents: token lists (text, code) or chat conversations (lists of messages)."""
     from ..bench.datasets import _count  # noqa: PLC2701 - the one NAME:N parser
 
-    if source == "sharegpt" or source.startswith("sharegpt:"):
-        return _sharegpt(_count(source, 1000))
+    m = _SHAREGPT.match(source)
+    if m:
+        code = bool(m.group(1))
+        if m.group(4) or not (m.group(2) or m.group(3)):
+            return _sharegpt(0, _count(source, 1000) if m.group(4) else 1000, code)
+        return _sharegpt(int(m.group(2) or 0), int(m.group(3)) if m.group(3) else None, code)
+    if source.startswith("sharegpt"):
+        _count(source, 1000)                     # says what is wrong with N
+        raise SpecDecError(f"bad ShareGPT source '{source}' (sharegpt:N, sharegpt[A:B], sharegpt-code:N or "
+                           "sharegpt-code[A:B])")
     m = _HUMANEVAL.match(source)
     if m:
         if m.group(3):
@@ -99,8 +118,8 @@ def load_source(source: str, tokenizer) -> list:
         return _humaneval(lo, hi)
     path = Path(source).expanduser()
     if not path.exists():
-        raise SpecDecError(f"training source not found: {source} (sharegpt:N, humaneval[A:B], a .jsonl file, "
-                           "or a source file or folder)")
+        raise SpecDecError(f"training source not found: {source} (sharegpt:N, sharegpt-code[A:B], humaneval[A:B], "
+                           "a .jsonl file, or a source file or folder)")
     if path.is_file() and path.suffix == ".jsonl":
         return _jsonl(path, tokenizer)
     docs = _code(path, tokenizer)

@@ -59,6 +59,8 @@ class TrainConfig:
     regenerate: int = 0                 # > 0: chat sources get the target's own greedy answers, up to this many
                                         # tokens (self-distillation), generated batched by the engine
     regenerate_seqs: int = 16           # sequences decoded together while regenerating
+    init: str | None = None             # start from this trained head (its weights and draft vocabulary): more
+                                        # data for a head already trained; with two methods, INIT/eagle3, INIT/medusa
 
     def __post_init__(self):
         ms = self.methods
@@ -80,6 +82,11 @@ class TrainConfig:
 
     def out_dir(self, method: str) -> str:
         return self.out if len(self.methods) == 1 else os.path.join(self.out, method)
+
+    def init_dir(self, method: str) -> str | None:
+        if self.init is None:
+            return None
+        return self.init if len(self.methods) == 1 else os.path.join(self.init, method)
 
 
 @dataclass
@@ -161,10 +168,33 @@ class HeadTrainer:
         self.device = self.model.embed_tokens.weight.device
 
     # -- the pieces ----------------------------------------------------------------------------------------------
+    def initial_head(self, method: str):
+        """The head named by --init for `method` (float32, on the target's device), or None."""
+        from ..models.heads import load_head
+
+        path = self.cfg.init_dir(method)
+        if path is None:
+            return None
+        loaded = load_head(path, self.model, torch.float32, self.device)
+        if loaded.method != method:
+            raise SpecDecError(f"--init {path} holds a {loaded.method} head, not {method}")
+        head = type(loaded.module)(loaded.module.cfg).to(self.device)    # trainable parameters, not loaded tensors
+        with torch.no_grad():
+            head.load_state_dict({k: v.clone() for k, v in loaded.module.state_dict().items()})
+        return head
+
+    @staticmethod
+    def head_vocab(head) -> torch.Tensor:
+        """A head's draft vocabulary as ascending target ids."""
+        return (head.draft_to_target if hasattr(head, "draft_to_target") else head.token_map).cpu()
+
     def build_head(self, method: str, vocab_ids: torch.Tensor):
         from ..models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
         from ..models.medusa import MedusaConfig, MedusaHeads
 
+        init = self.initial_head(method)
+        if init is not None:
+            return init
         c, mc = self.cfg, self.model.config
         w_head = target_head_weight(self.model)[vocab_ids.to(self.device)]               # [vd, H] fp32
         name = self.target.name
@@ -279,14 +309,20 @@ class HeadTrainer:
         windows = [(i, s, min(s + c.seq_len, len(d))) for i, d in enumerate(docs) for s in range(0, len(d), c.seq_len)
                    if min(s + c.seq_len, len(d)) - s >= 8]
         vocab = self.model.config.vocab_size
-        vocab_ids = draft_vocabulary(docs, c.draft_vocab, vocab, list(tok.eos_token_ids))
-        t2d = torch.full((vocab,), -1, dtype=torch.long)
-        t2d[vocab_ids] = torch.arange(len(vocab_ids))
-        t2d = t2d.to(self.device)
+        vocabs = {}
+        for m in c.methods:             # --init keeps the head's own vocabulary; else the data's frequent tokens
+            init = self.initial_head(m)
+            vocabs[m] = (self.head_vocab(init) if init is not None
+                         else draft_vocabulary(docs, c.draft_vocab, vocab, list(tok.eos_token_ids)))
         feats = extract_features(self.model, docs, self.layers(), c.topk, self.progress)
         t_feat = time.perf_counter() - t0
         data = {"documents": len(docs), "windows": len(windows), "tokens": num_tokens, "feature_s": round(t_feat, 1)}
-        return {m: self.train(m, c.out_dir(m), windows, feats, t2d, vocab_ids, data) for m in c.methods}
+        out = {}
+        for m in c.methods:
+            t2d = torch.full((vocab,), -1, dtype=torch.long)
+            t2d[vocabs[m]] = torch.arange(len(vocabs[m]))
+            out[m] = self.train(m, c.out_dir(m), windows, feats, t2d.to(self.device), vocabs[m], data)
+        return out
 
     def train(self, method: str, out: str, windows, feats: Features, t2d, vocab_ids, data: dict) -> dict:
         from ..models.heads import save_head, target_fingerprint
