@@ -160,8 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "several joined with commas")
     bo.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
     bo.add_argument("--methods", default="none,ngram,draft",
-                    help="comma-separated: none,ngram,draft,eagle3,medusa,auto; eagle3-tree and medusa-tree run the "
-                         "head drafting token trees (greedy requests; sampled ones verify a chain)")
+                    help="comma-separated: none,ngram,draft,eagle3,eagle,medusa,auto; eagle3-tree, eagle-tree and "
+                         "medusa-tree run the head drafting token trees (greedy requests; sampled ones verify a chain)")
     bo.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
     bo.add_argument("--temperature", default="0", help="comma-separated temperatures")
     bo.add_argument("--max-tokens", type=int, default=128)
@@ -172,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--no-progress", action="store_true")
     bo.add_argument("--eagle3-head", default=None, help="EAGLE-3 head directory (default: the one shipped for the target)")
     bo.add_argument("--medusa-head", default=None, help="Medusa head directory (default: the one shipped for the target)")
+    bo.add_argument("--eagle-head", default=None, help="EAGLE-1/2 head directory (method eagle; none ships)")
     bo.add_argument("--eagle-topk", type=int, default=4, help="tree methods: guesses expanded per node")
     bo.add_argument("--num-steps", type=int, default=None, help="tree methods: tree depth (default: min(k, 4))")
     bo.add_argument("--tree-tokens", default=None,
@@ -281,7 +282,7 @@ def cmd_bench_offline(args) -> int:
         target=args.target, draft=args.draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
         draft_quantization=args.draft_quantization, quantization=args.quantization, progress=not args.no_progress,
-        heads={m: getattr(args, f"{m}_head") for m in ("eagle3", "medusa") if getattr(args, f"{m}_head")},
+        heads={m: getattr(args, f"{m}_head") for m in ("eagle3", "eagle", "medusa") if getattr(args, f"{m}_head")},
         eagle_topk=args.eagle_topk, num_steps=args.num_steps,
         tree_tokens=_csv(args.tree_tokens, int, "--tree-tokens") if args.tree_tokens else [])
     result = run_offline(cfg)

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-METHODS = ("none", "ngram", "draft", "eagle3", "medusa", "auto")
+METHODS = ("none", "ngram", "draft", "eagle3", "eagle", "medusa", "auto")
 QUANTIZATIONS = ("none", "int8", "int4")   # --quantization (target) and the draft's `quantization`
 K_MIN, K_MAX = 1, 32                    # num_speculative_tokens (and auto's upper bound) everywhere: CLI, HTTP, policy
 
 # Defaults measured on the 2-core CPU (see README, "Choosing k"): the draft method peaks at k=4,
 # n-gram lookup (nearly free to propose) keeps gaining up to k=8 on edit-style prompts.
 # For "auto", k is the largest k the policy may choose per request.
-DEFAULT_K = {"none": 0, "ngram": 8, "draft": 4, "eagle3": 4, "medusa": 3, "auto": 8}
-TREE_METHODS = ("eagle3", "medusa")       # proposers that can draft a token tree (eagle_topk > 1)
+DEFAULT_K = {"none": 0, "ngram": 8, "draft": 4, "eagle3": 4, "eagle": 4, "medusa": 3, "auto": 8}
+TREE_METHODS = ("eagle3", "eagle", "medusa")       # proposers that can draft a token tree (eagle_topk > 1)
 
 
 @dataclass

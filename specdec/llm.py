@@ -52,7 +52,7 @@ def load_head_for(method: str, path: str | None, target: LoadedModel) -> LoadedH
     from .models.heads import load_head, pack_head, shipped_head
 
     head = load_head(path or shipped_head(method, target.name), target.model, target.model.embed_tokens.weight.dtype,
-                     target.model.embed_tokens.weight.device)
+                     target.model.embed_tokens.weight.device, method)
     pack_head(head.module)
     return head
 

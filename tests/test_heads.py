@@ -332,3 +332,91 @@ def test_sharegpt_code_sources_pick_code_conversations():
     assert load_source("sharegpt[2:5]", None) == load_source("sharegpt:5", None)[2:]
     with pytest.raises(SpecDecError, match="needs an integer"):
         load_source("sharegpt:many", None)
+
+
+def _eagle1(target, layers=1, seed=0):
+    from specdec.models.eagle1 import EagleConfig, EagleHead
+
+    c = target.config
+    torch.manual_seed(seed)
+    head = EagleHead(EagleConfig(c.hidden_size, 96, layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
+                                 c.num_layers, fc_bias=True))
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, 0, 0.2)
+            elif name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            else:                                                        # biases
+                torch.nn.init.normal_(p, 0, 0.1)
+    return head
+
+
+def _save_eagle1_as_authors(head, out, prefix=""):
+    """The EAGLE authors' layout: a plain Llama config, fc + layers.i.* (q/k/v, gate/up apart), the embedding."""
+    from safetensors.torch import save_file
+
+    from specdec.models.heads import hf_state
+
+    out.mkdir(parents=True)
+    c = head.cfg
+    state = {prefix + k: v for k, v in hf_state(head, "eagle").items()}
+    state[prefix + "embed_tokens.weight"] = torch.zeros(c.vocab_size, c.hidden_size)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+        "vocab_size": c.vocab_size, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta}))
+
+
+def test_eagle1_first_row_matches_the_reference_wiring(tiny_models):
+    """Row 0 attends to itself only (softmax over one key is 1, rotary cancels): h = r + MLP(norm(r)) with
+    r = x + o_proj(v(x)), x = fc([embedding, feature]) and no input norm on the first layer."""
+    import torch.nn.functional as F
+
+    target, _ = tiny_models
+    head = _eagle1(target.model)
+    c = head.cfg
+    e, f = torch.randn(1, c.hidden_size), torch.randn(1, c.hidden_size)
+    kv = head.new_kv()
+    kv.resize(4)
+    h = head(e, f, torch.tensor([0]), causal_metadata([(kv, 0, 1, True)]))
+    layer = head.layers[0]
+    x = F.linear(torch.cat([e, f], -1), head.fc.weight, head.fc.bias)
+    q, kvs = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    w, b = layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias
+    v = F.linear(x, w[q + kvs:], None if b is None else b[q + kvs:]).view(c.num_kv_heads, c.head_dim)
+    a = F.linear(v.repeat_interleave(c.num_heads // c.num_kv_heads, 0).reshape(1, -1), layer.self_attn.o_proj.weight)
+    r = x + a
+    n = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + c.rms_norm_eps) * layer.post_attention_layernorm.weight
+    gate, up = F.linear(n, layer.mlp.gate_up_proj.weight).chunk(2, -1)
+    ref = r + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
+    assert torch.allclose(h, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_eagle1_heads_load_from_the_authors_layout_and_keep_parity(tiny_models, tmp_path, layers):
+    target, _ = tiny_models
+    ids = target.tokenizer.encode(PROMPT)
+    head = _eagle1(target.model, layers)
+    _save_eagle1_as_authors(head, tmp_path / "e1", prefix="model." if layers == 2 else "")
+    with pytest.raises(SpecDecError, match="method 'eagle'"):
+        load_head(tmp_path / "e1", target.model, torch.float32)        # a plain Llama config: say what it is
+    loaded = load_head(tmp_path / "e1", target.model, torch.float32, method="eagle")
+    assert loaded.method == "eagle"
+    for name, t in head.state_dict().items():
+        assert torch.equal(loaded.module.state_dict()[name], t), name
+    # prefill and row-by-row feeding give the same states (the cache and the tree path are the EAGLE-3 ones)
+    engine = LLMEngine(target.model, target.tokenizer, heads={"eagle": loaded.module})
+    base = _run(engine, ids, "none", None).output_ids
+    for spec in (SpeculativeConfig("eagle", 3), SpeculativeConfig("eagle", 6, eagle_topk=2, num_steps=3)):
+        seq = engine.add_request(f"e{spec.eagle_topk}", ids, SamplingParams(max_tokens=40, temperature=0.0,
+                                                                            ignore_eos=True), spec)
+        while not seq.finished:
+            for out in engine.step():
+                assert out.error is None, out.error
+        assert seq.output_ids == base and seq.stats.draft_tokens > 0
+    save_head(_eagle3(target.model), "eagle3", tmp_path / "e3")
+    with pytest.raises(SpecDecError, match="is a eagle3 head, not eagle"):
+        load_head(tmp_path / "e3", target.model, torch.float32, method="eagle")

@@ -14,7 +14,7 @@ MIN_ACCEPTANCE = 0.40          # a draft model accepted less than this wastes it
 MIN_OUTPUT_TOKENS = 32         # shorter outputs: prefill dominates and speculation has no time to pay
 # A speedup can only come from committing more than one token per target forward; a config that does not
 # (tokens_per_forward < ENABLE_MIN_SPEEDUP) is ruled out whatever its timing says.
-SPEC_METHODS = ("ngram", "draft", "eagle3", "medusa", "eagle3-tree", "medusa-tree", "auto")
+SPEC_METHODS = ("ngram", "draft", "eagle3", "eagle", "medusa", "eagle3-tree", "eagle-tree", "medusa-tree", "auto")
 
 
 def _rows(summary, **match):

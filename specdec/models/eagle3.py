@@ -111,6 +111,10 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))     # target = draft + d2t
         self._rope_len = 0
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.input_layernorm.weight.dtype      # norms keep the runtime dtype when linears are packed
+
     # -- vocabulary ---------------------------------------------------------------------------------------------
     @property
     def draft_to_target(self) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Learned draft heads on disk: load the layouts users have (vLLM's and the papers' authors'), save ours atomically.
 
 A head directory holds config.json and *.safetensors. EAGLE-3 (`LlamaForCausalLMEagle3`) and Medusa (`MedusaModel`,
-or the Medusa authors' `medusa_num_heads`) are recognised from the config. A head is checked against the target at
+or the Medusa authors' `medusa_num_heads`) are recognised from the config; EAGLE-1/2 heads (`EagleLlamaForCausalLM`,
+or the authors' plain `LlamaForCausalLM` config beside an `fc` over [embedding, feature]) from the config or the
+method asked for (vLLM's `"method": "eagle"`). A head is checked against the target at
 load: hidden size, vocabulary, the layers it reads, and, for heads trained here, the target's fingerprint (a hash
 of its configuration and the first rows of its embedding), so a head never silently drafts for a model it was not
 trained on.
@@ -25,16 +27,18 @@ from torch import nn
 
 from ..errors import SpecDecError
 from .config import ModelConfig
+from .eagle1 import EagleConfig, EagleHead
 from .eagle3 import Eagle3Config, Eagle3Head
 from .medusa import MedusaConfig, MedusaHeads
 
-HEAD_METHODS = ("eagle3", "medusa")
+HEAD_METHODS = ("eagle3", "eagle", "medusa")
+TRAINABLE = ("eagle3", "medusa")          # what `specdec train-head` trains (EAGLE-1/2 heads are loaded)
 
 
 @dataclass
 class LoadedHead:
     method: str
-    module: nn.Module                  # Eagle3Head | MedusaHeads
+    module: nn.Module                  # Eagle3Head | EagleHead | MedusaHeads
     source: Path
 
 
@@ -46,9 +50,9 @@ def shipped_head(method: str, target_name: str) -> Path:
     path = SHIPPED / target_name / method
     if not (path / "config.json").is_file():
         have = sorted(f"{p.parent.name}/{p.name}" for p in SHIPPED.glob("*/*") if (p / "config.json").is_file())
+        train = f", or train one with `specdec train-head --method {method}`" if method in TRAINABLE else ""
         raise SpecDecError(f"no {method} head ships for target '{target_name}' (shipped: {', '.join(have) or 'none'}); "
-                           f"pass a head directory as the speculative config's model, or train one with "
-                           f"`specdec train-head --method {method}`")
+                           f"pass a head directory as the speculative config's model{train}")
     return path
 
 
@@ -73,10 +77,10 @@ def head_method(cfg: dict) -> str:
     if "Medusa" in archs or cfg.get("model_type") == "medusa" or "medusa_num_heads" in cfg:
         return "medusa"
     if "Eagle" in archs:
-        raise SpecDecError("EAGLE-1/2 heads (feature + token fusion over the target's output head) are not "
-                           "supported yet; use an EAGLE-3 or a Medusa head")
+        return "eagle"
     raise SpecDecError(f"not a draft head this version reads (architectures {cfg.get('architectures')}); "
-                       "expected LlamaForCausalLMEagle3 or MedusaModel")
+                       "expected LlamaForCausalLMEagle3, EagleLlamaForCausalLM or MedusaModel; an EAGLE-1/2 head "
+                       "with a plain Llama config loads as method 'eagle'")
 
 
 # vLLM / SpecForge names -> ours (the fused q/k/v and gate/up are concatenated at load)
@@ -120,6 +124,28 @@ def _eagle3_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return state
 
 
+def _eagle_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """EAGLE-1/2 tensors (the authors' names, with or without `model.`) -> ours: q/k/v and gate/up fused, the
+    embedding dropped (the target's is used)."""
+    hf = {k.removeprefix("model."): v for k, v in hf.items()}
+    state = {k: v for k, v in hf.items() if k.split(".")[0] in ("fc", "embedding_layernorm", "hidden_states_layernorm")}
+    layers = sorted({int(k.split(".")[1]) for k in hf if k.startswith("layers.")})
+    for i in layers:
+        pre = f"layers.{i}."
+        for kind in ("weight", "bias"):
+            qkv = [hf.get(f"{pre}self_attn.{x}_proj.{kind}") for x in "qkv"]
+            if all(t is not None for t in qkv):
+                state[f"{pre}self_attn.qkv_proj.{kind}"] = torch.cat(qkv)
+        gate, up = hf.get(f"{pre}mlp.gate_proj.weight"), hf.get(f"{pre}mlp.up_proj.weight")
+        if gate is not None and up is not None:
+            state[f"{pre}mlp.gate_up_proj.weight"] = torch.cat([gate, up])
+        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight",
+                     "input_layernorm.weight"):
+            if pre + name in hf and not (i == 0 and name == "input_layernorm.weight"):
+                state[pre + name] = hf[pre + name]
+    return state
+
+
 def _medusa_state(hf: dict[str, torch.Tensor], cfg: MedusaConfig) -> dict[str, torch.Tensor]:
     state = {}
     for name, t in hf.items():
@@ -142,13 +168,23 @@ def _medusa_state(hf: dict[str, torch.Tensor], cfg: MedusaConfig) -> dict[str, t
     return state
 
 
-def load_head(path: str | Path, target, dtype: torch.dtype, device: torch.device | str = "cpu") -> LoadedHead:
-    """A head directory -> the head, checked against `target` (a Transformer), in `dtype` on `device`."""
+def load_head(path: str | Path, target, dtype: torch.dtype, device: torch.device | str = "cpu",
+              method: str | None = None) -> LoadedHead:
+    """A head directory -> the head, checked against `target` (a Transformer), in `dtype` on `device`. `method`:
+    what the user asked for (an EAGLE-1 config reads like any Llama's; vLLM too is told `"method": "eagle"`)."""
     path = Path(path).expanduser()
     if not (path / "config.json").is_file():
         raise SpecDecError(f"{path}: not a draft head directory (no config.json)")
     cfg = json.loads((path / "config.json").read_text())
-    method = head_method(cfg)
+    try:
+        found = head_method(cfg)
+    except SpecDecError:
+        if method != "eagle":
+            raise
+        found = "eagle"
+    if method is not None and found != method:
+        raise SpecDecError(f"head {path} is a {found} head, not {method}")
+    method = found
     tcfg: ModelConfig = target.config
     where = f"head {path}"
     fp = cfg.get("specdec_target_fingerprint")
@@ -177,6 +213,16 @@ def load_head(path: str | Path, target, dtype: torch.dtype, device: torch.device
             if hcfg.draft_vocab_size != hcfg.vocab_size:
                 raise SpecDecError(f"{where} has a reduced draft vocabulary but no d2t map")
             state["d2t"] = torch.zeros(hcfg.draft_vocab_size, dtype=torch.long)
+    elif method == "eagle":
+        state = _eagle_state(hf)
+        hcfg = EagleConfig.from_hf(cfg, tcfg, fc_bias="fc.bias" in state)
+        if hcfg.hidden_size != tcfg.hidden_size:
+            raise SpecDecError(f"{where} has hidden size {hcfg.hidden_size}; it reads the target's states, of size "
+                               f"{tcfg.hidden_size}")
+        if hcfg.vocab_size != tcfg.vocab_size:
+            raise SpecDecError(f"{where} drafts over {hcfg.vocab_size} tokens through the target's output head, "
+                               f"which has {tcfg.vocab_size}")
+        module = EagleHead(hcfg)
     else:
         hcfg = MedusaConfig.from_hf(cfg)
         if hcfg.hidden_size != tcfg.hidden_size:
@@ -220,6 +266,18 @@ def hf_state(module: nn.Module, method: str) -> dict[str, torch.Tensor]:
             parts = k.split(".")
             if parts[0] == "blocks":          # blocks.i.j.linear.w -> blocks.i.layers.j.w
                 out[f"blocks.{parts[1]}.layers.{parts[2]}.{parts[-1]}"] = v
+            else:
+                out[k] = v
+        return out
+    if method == "eagle":
+        out = {}
+        cfg1: EagleConfig = module.cfg
+        q, kv = cfg1.num_heads * cfg1.head_dim, cfg1.num_kv_heads * cfg1.head_dim
+        for k, v in state.items():
+            if ".qkv_proj." in k:
+                out.update(zip((k.replace("qkv_proj", f"{x}_proj") for x in "qkv"), v.split((q, kv, kv))))
+            elif ".gate_up_proj." in k:
+                out.update(zip((k.replace("gate_up_proj", f"{x}_proj") for x in ("gate", "up")), v.chunk(2)))
             else:
                 out[k] = v
         return out

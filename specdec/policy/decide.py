@@ -20,7 +20,8 @@ class PolicyConfig:
     window: int = 16                  # pool window, in speculative requests
     min_window_tokens: int = 24       # draft tokens a window needs before the pool can be judged
     probe_fraction: float = 0.1       # share of a disabled pool's requests that still speculate, to re-test it
-    prior_alpha: dict = field(default_factory=lambda: {"draft": 0.8, "ngram": 0.3, "eagle3": 0.5, "medusa": 0.4})
+    prior_alpha: dict = field(default_factory=lambda: {"draft": 0.8, "ngram": 0.3, "eagle3": 0.5, "eagle": 0.5,
+                                                                  "medusa": 0.4})
                                       # acceptance before any observation
     explore_requests: int = 1         # requests per (pool, temperature bucket) each method gets before exploiting
 
@@ -41,7 +42,7 @@ class RequestFeatures:
     load: int = 0                     # running + waiting requests when this one arrives
 
 
-MODEL_METHODS = ("draft", "eagle3", "medusa")   # proposers that cost time per draft token (not prompt lookup)
+MODEL_METHODS = ("draft", "eagle3", "eagle", "medusa")   # proposers that cost time per draft token (not prompt lookup)
 
 
 @dataclass

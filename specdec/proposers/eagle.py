@@ -47,7 +47,10 @@ class _Pending:
 class Eagle3Proposer(Proposer):
     name = "eagle3"
 
-    def __init__(self, head: Eagle3Head, embed: torch.nn.Embedding, vocab_size: int, max_total_tokens: int):
+    def __init__(self, head: Eagle3Head, embed: torch.nn.Embedding, vocab_size: int, max_total_tokens: int,
+                 output_head=None):
+        """output_head: the target's `compute_logits` for a head that guesses features, not tokens (EAGLE-1);
+        None: the head's own output head over its draft vocabulary (EAGLE-3)."""
         self.head = head
         self.embed = embed                          # the target's embedding (the head has none of its own)
         self.vocab_size = vocab_size
@@ -56,7 +59,8 @@ class Eagle3Proposer(Proposer):
         self.pending: dict[int, _Pending] = {}
         self.fed: dict[int, int] = {}               # positions cached with target states
         self.d2t = head.draft_to_target             # [draft_vocab] target ids
-        self.dtype = head.input_layernorm.weight.dtype
+        self.dtype = head.dtype
+        self.logits = output_head or head.compute_logits      # h [N, H] -> [N, draft_vocab] fp32
 
     def accept_hidden(self, seq_id: int, start: int, hidden: dict[int, torch.Tensor]) -> None:
         rows = torch.cat([hidden[i] for i in self.target_hidden], -1)          # [n, 3H]
@@ -103,7 +107,7 @@ class Eagle3Proposer(Proposer):
                 tree_parents[owners[j]] = parents
         active = [j for j in range(len(owners)) if not ctxs[owners[j]].tree]
         while active:
-            logits = scatter_vocab(self.head.compute_logits(h_last[active]), self.d2t, self.head.cfg.vocab_size,
+            logits = scatter_vocab(self.logits(h_last[active]), self.d2t, self.head.cfg.vocab_size,
                                    self.vocab_size)                                 # [A, V]
             nxt = []
             for row, j in enumerate(active):
@@ -136,7 +140,7 @@ class Eagle3Proposer(Proposer):
         """EAGLE-2 trees for greedy sequences: h_root [S, H] the head's state after each one's newest token."""
         device = h_root.device
         builders = [TreeBuilder(ctx.topk) for ctx in ctxs]
-        logp = torch.log_softmax(self.head.compute_logits(h_root), -1)               # [S, V']
+        logp = torch.log_softmax(self.logits(h_root), -1)               # [S, V']
         for b, lp in zip(builders, logp):
             b.add_children(-1, lp, self.d2t)
         h_of: dict[tuple[int, int], torch.Tensor] = {}                              # (seq, node) -> h of its parent
@@ -165,7 +169,7 @@ class Eagle3Proposer(Proposer):
                           torch.tensor(positions, device=device), attn)              # [rows, H]
             for (kv, start, t, *_), (s, _) in zip(spans, grow):
                 self.kv.commit(feeds[s][4], start + t)
-            logp = torch.log_softmax(self.head.compute_logits(h), -1)              # [rows, V']
+            logp = torch.log_softmax(self.logits(h), -1)              # [rows, V']
             for (s, node), lp, h_row in zip(rows, logp, h):
                 first = len(builders[s].nodes)
                 builders[s].add_children(node, lp, self.d2t)

@@ -12,6 +12,11 @@ def make_head_proposer(method: str, head, target, vocab_size: int, max_total_tok
         from .eagle import Eagle3Proposer
 
         return Eagle3Proposer(head, target.embed_tokens, vocab_size, max_total_tokens)
+    if method == "eagle":                           # EAGLE-1: the same drafting, the target's output head
+        from .eagle import Eagle3Proposer
+
+        return Eagle3Proposer(head, target.embed_tokens, vocab_size, max_total_tokens,
+                              output_head=lambda h: target.compute_logits(h)[:, :head.cfg.vocab_size])
     if method == "medusa":
         from .medusa import MedusaProposer
 

@@ -62,7 +62,7 @@ def _unsupported(name: str, what: str | None = None) -> APIError:
 class SpeculativeOverride(BaseModel):
     """Per-request extension: `"speculative": {"method": "none"}` or `{"num_speculative_tokens": 2}`."""
     model_config = ConfigDict(extra="forbid")
-    method: Literal["none", "ngram", "draft", "eagle3", "medusa", "auto"] | None = None
+    method: Literal["none", "ngram", "draft", "eagle3", "eagle", "medusa", "auto"] | None = None
     num_speculative_tokens: int | None = Field(default=None, ge=K_MIN, le=K_MAX)
     eagle_topk: int | None = Field(default=None, ge=1, le=16)       # a head's token tree (greedy requests)
     num_steps: int | None = Field(default=None, ge=1, le=K_MAX)
