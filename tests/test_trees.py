@@ -222,8 +222,9 @@ def test_sampled_requests_verify_chains_never_trees(target):
     ids = target.tokenizer.encode(PROMPT)
     engine = LLMEngine(model, target.tokenizer, heads={"eagle3": _eagle3(model).to(dtype)})
     sampled = SamplingParams(max_tokens=12, temperature=1.0, seed=5, ignore_eos=True)
-    seq = _generate(engine, ids, SpeculativeConfig("eagle3", 6, eagle_topk=3), sampled)
+    seq = _generate(engine, ids, SpeculativeConfig("eagle3", 6, eagle_topk=3, num_steps=2), sampled)
     assert seq.stats.draft_tokens > 0
+    assert len(seq.stats.drafted_per_position) == 2          # the chain is as long as the tree is deep, not k
     proposer = engine.heads["eagle3"]
     proposer.accept_hidden(99, 0, {i: torch.zeros(len(ids) - 1, model.config.hidden_size, dtype=dtype)
                                    for i in proposer.target_hidden})

@@ -324,6 +324,8 @@ class LLMEngine:
                 to_draft.append((i, room))
                 rows += room
             elif sp.method in self.heads:
+                if sp.topk > 1 and (not seq.params.greedy or seq.constraint is not None):
+                    room = min(room, sp.depth)           # a tree request verified as a chain: the tree's depth
                 to_head.setdefault(sp.method, []).append((i, room))
                 rows += room
             else:   # auto: the step controller picks the draft's k or the lookup guess, knowing the step's rows

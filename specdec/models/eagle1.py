@@ -21,7 +21,7 @@ from torch import nn
 from .attn_metadata import AttnMetadata
 from .config import ModelConfig
 from .kv_cache import SeqKV
-from .qwen2 import DecoderLayer, RMSNorm, rope_tables
+from .qwen2 import DecoderLayer, RMSNorm, RopeCache
 
 
 @dataclass
@@ -90,7 +90,7 @@ class EagleHead(nn.Module):
             self.hidden_states_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(self.layer_cfg, i) for i in range(cfg.num_layers))
         self.layers[0].input_layernorm = nn.Identity()          # the reference's first layer has no input norm
-        self._rope_len = 0
+        self._rope = RopeCache(self.layer_cfg)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -100,13 +100,6 @@ class EagleHead(nn.Module):
     def draft_to_target(self) -> torch.Tensor:
         """Every target token (the head drafts over the full vocabulary)."""
         return torch.arange(self.cfg.vocab_size, device=self.layers[0].post_attention_layernorm.weight.device)
-
-    def _rope(self, needed: int, device):
-        if needed > self._rope_len:
-            size = max(4096, 1 << (needed - 1).bit_length())
-            self._cos, self._sin = rope_tables(self.layer_cfg, size, device)
-            self._rope_len = size
-        return self._cos, self._sin
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """The target's final normed hidden states [N, H] are the feature as they are."""

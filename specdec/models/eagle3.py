@@ -23,7 +23,7 @@ from torch import nn
 from .attn_metadata import AttnMetadata
 from .config import ModelConfig
 from .kv_cache import SeqKV
-from .qwen2 import MLP, Attention, RMSNorm, rope_tables
+from .qwen2 import MLP, Attention, RMSNorm, RopeCache, rope_tables
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -109,7 +109,7 @@ class Eagle3Head(nn.Module):
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))     # target = draft + d2t
-        self._rope_len = 0
+        self._rope = RopeCache(self.layer_cfg)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -132,13 +132,6 @@ class Eagle3Head(nn.Module):
         return mask
 
     # -- inference ------------------------------------------------------------------------------------------------
-    def _rope(self, needed: int, device):
-        if needed > self._rope_len:
-            size = max(4096, 1 << (needed - 1).bit_length())
-            self._cos, self._sin = rope_tables(self.layer_cfg, size, device)
-            self._rope_len = size
-        return self._cos, self._sin
-
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """The target's hidden states [N, 3 H_target] -> g [N, H]."""
         return self.fc(aux)

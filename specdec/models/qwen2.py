@@ -39,6 +39,19 @@ def rope_tables(cfg: ModelConfig, max_positions: int, device=None) -> tuple[torc
     return emb.cos().float(), emb.sin().float()
 
 
+class RopeCache:
+    """cos/sin tables for a model's positions, grown in powers of two as sequences grow (rebuilt rarely)."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg, self.len = cfg, 0
+
+    def __call__(self, needed: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        if needed > self.len:
+            self.len = max(4096, 1 << (needed - 1).bit_length())
+            self.cos, self.sin = rope_tables(self.cfg, self.len, device)
+        return self.cos, self.sin   # [P, D] each
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
