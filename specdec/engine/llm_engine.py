@@ -22,7 +22,7 @@ from ..errors import SpecDecError
 from ..models.runner import Span, forward_spans
 from ..policy.cost_model import StepBudget
 from ..policy.decide import RequestFeatures
-from ..proposers.base import Draft, ProposalContext, Proposer, VerifyResult, empty_draft
+from ..proposers.base import Draft, ProposalContext, Proposer, VerifyResult, empty_draft, tree_allowed
 from ..proposers.draft_model import DraftModelProposer
 from ..proposers.heads import HEAD_METHODS, make_head_proposer
 from ..proposers.ngram import NgramProposer
@@ -265,18 +265,22 @@ class LLMEngine:
         newest token's row, then the accepted path's) for a token tree, None for a chain (rows 0..num_accepted)."""
         V = self.vocab_size
         out: list = [None] * len(sampling)
-        chains = [j for j, (_, p, _) in enumerate(sampling) if p is None or p.draft.parents is None]
-        for j in sorted(set(range(len(sampling))) - set(chains)):
-            seq, plan, lg = sampling[j]                  # a greedy request without a grammar (see _propose)
+        chains = []
+        for j, (seq, plan, lg) in enumerate(sampling):
+            if plan is None or plan.draft.parents is None:
+                chains.append(j)
+                continue
+            # a tree: a greedy request without a grammar (see _propose)
             path, emitted = verify_tree_greedy(lg[:, :V].argmax(-1).tolist(), plan.draft.token_ids.tolist(),
                                                plan.draft.parents)
             out[j] = (len(path), emitted, [0] + [i + 1 for i in path])
+        chained = [sampling[j] for j in chains]
         results = verify_ragged(
-            [self._constrained(s, p, lg[:, :V]) for s, p, lg in (sampling[j] for j in chains)],
-            [(p.draft if p else empty_draft()).token_ids for _, p, _ in (sampling[j] for j in chains)],
+            [self._constrained(s, p, lg[:, :V]) for s, p, lg in chained],
+            [(p.draft if p else empty_draft()).token_ids for _, p, _ in chained],
             [None if p is None or p.draft.q_draft is None else p.draft.q_draft[:, :V].to(self.device)
-             for _, p, _ in (sampling[j] for j in chains)],
-            [sampling[j][0].params for j in chains], [sampling[j][0].generator for j in chains])
+             for _, p, _ in chained],
+            [s.params for s, _, _ in chained], [s.generator for s, _, _ in chained])
         for j, (n, emitted) in zip(chains, results):
             out[j] = (n, emitted, None)
         return out
@@ -324,7 +328,7 @@ class LLMEngine:
                 to_draft.append((i, room))
                 rows += room
             elif sp.method in self.heads:
-                if sp.topk > 1 and (not seq.params.greedy or seq.constraint is not None):
+                if sp.topk > 1 and not tree_allowed(sp.topk, seq.params, seq.constraint):
                     room = min(room, sp.depth)           # a tree request verified as a chain: the tree's depth
                 to_head.setdefault(sp.method, []).append((i, room))
                 rows += room

@@ -31,8 +31,13 @@ class ProposalContext:
 
     @property
     def tree(self) -> bool:
-        """Draft a tree: asked for, and the request is greedy and free of a grammar (else a chain is verified)."""
-        return self.topk > 1 and self.params.greedy and self.constraint is None
+        return tree_allowed(self.topk, self.params, self.constraint)
+
+
+def tree_allowed(topk: int, params: SamplingParams, constraint) -> bool:
+    """Draft a token tree: asked for (topk > 1), and the request is greedy and free of a grammar. A tree is verified
+    by argmax, exact for greedy requests only; the others verify a chain as deep as the tree."""
+    return topk > 1 and params.greedy and constraint is None
 
 
 @dataclass
