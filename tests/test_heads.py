@@ -334,6 +334,27 @@ def test_sharegpt_code_sources_pick_code_conversations():
         load_source("sharegpt:many", None)
 
 
+def test_stdlib_function_sources_ask_humaneval_style_and_answer_with_the_real_function():
+    import ast
+
+    from specdec.bench.datasets import humaneval_request
+    from specdec.train.data import load_source, stdlib_functions
+
+    probs = stdlib_functions()
+    assert len(probs) > 500 and len({p["task_id"] for p in probs}) == len(probs)
+    for p in probs[:50]:
+        fn = ast.parse(p["solution"]).body[0]
+        assert isinstance(fn, ast.FunctionDef) and p["task_id"].endswith("." + fn.name)
+        assert p["solution"].startswith(p["prompt"]) and len(p["solution"]) > len(p["prompt"])
+        assert ast.get_docstring(fn) and len(ast.get_docstring(fn)) >= 60
+    chats = load_source("stdlib-functions[3:5]", None)
+    assert chats == load_source("stdlib-functions:5", None)[3:]
+    ask, answer = chats[0]
+    assert ask == humaneval_request(probs[3])["messages"][0]
+    assert answer == {"role": "assistant", "content": f"```python\n{probs[3]['solution']}```"}
+    with pytest.raises(SpecDecError, match="bad source 'stdlib-functions:x'"):
+        load_source("stdlib-functions:x", None)
+
 def _eagle1(target, layers=1, seed=0):
     from specdec.models.eagle1 import EagleConfig, EagleHead
 

@@ -198,3 +198,30 @@ def test_negative_control_medusa_q_of_another_head_fails():
     seqs = _run(P, None, 3, seed=26, q_row=lambda prev0, prev, j: heads[j][prev0],
                 q_told=lambda prev0, prev, j: heads[(j + 1) % 3][prev0])
     assert max(_tv(seqs, P)) > TV_BOUND
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0.7), dict(temperature=1.0, top_k=5),
+                                    dict(temperature=1.3, top_p=0.8), dict(temperature=1.0, min_p=0.2)])
+def test_head_draft_token_draws_from_the_full_rows_distribution(params):
+    """A head drafts over its reduced vocabulary (proposers.base.head_draft_token): its q_draft row is the one the
+    -inf-padded full row gives, and its draws follow that row; a model's padding rows (ids >= vocab) never come out."""
+    from specdec.proposers.base import ProposalContext, draft_token, head_draft_token, scatter_vocab
+    from specdec.sampling_params import SamplingParams
+
+    vocab, model_vocab = 100, 104
+    ids = torch.cat([torch.randperm(vocab, generator=torch.Generator().manual_seed(3))[:39].sort().values,
+                     torch.tensor([102])])                                  # 40 draft rows, the last one padding
+    logits = torch.randn(1, 40, generator=torch.Generator().manual_seed(4)) * 2
+    logits[0, -1] = 50.0                                                    # the padding row would win everything
+    full = scatter_vocab(logits, ids, model_vocab, vocab)
+    ctx = ProposalContext(0, [1, 2], SamplingParams(**params), torch.Generator().manual_seed(5))
+    q_rows: list = []
+    counts = torch.zeros(vocab)
+    for _ in range(20_000):
+        counts[head_draft_token(logits, ids, model_vocab, vocab, ctx, q_rows)] += 1
+    want = probs_from_logits(full, params["temperature"], params.get("top_k", -1), params.get("top_p", 1.0),
+                             params.get("min_p", 0.0))[0]
+    assert torch.allclose(q_rows[0], want, atol=1e-6) and all(torch.equal(q, q_rows[0]) for q in q_rows[:50])
+    assert 0.5 * (counts / counts.sum() - want).abs().sum() < 0.02
+    greedy = ProposalContext(0, [1, 2], SamplingParams(temperature=0.0), None)
+    assert head_draft_token(logits, ids, model_vocab, vocab, greedy, []) == draft_token(full, greedy, [])

@@ -133,6 +133,28 @@ def draft_token(logits: torch.Tensor, ctx: ProposalContext, q_rows: list) -> int
     return tok
 
 
+def head_draft_token(logits: torch.Tensor, token_ids: torch.Tensor, model_vocab: int, vocab_size: int,
+                     ctx: ProposalContext, q_rows: list) -> int:
+    """draft_token for a head's logits over a reduced vocabulary [1, V'] (row j is target token token_ids[j]): the
+    argmax, or a draw from the request's processed distribution computed over the V' rows only and scattered into a
+    [vocab_size] q_draft row, zero elsewhere. That is the distribution the -inf-padded full row gives, without a
+    152k-wide softmax and sort per draft token. A constrained request takes the full row (its grammar masks are over
+    the target's vocabulary)."""
+    if ctx.constraint is not None:
+        return draft_token(scatter_vocab(logits, token_ids, model_vocab, vocab_size), ctx, q_rows)
+    if int(token_ids.max()) >= vocab_size:                          # a model's padding rows (ids >= vocab_size) go
+        keep = token_ids < vocab_size
+        logits, token_ids = logits[:, keep], token_ids[keep]
+    p = ctx.params
+    if p.greedy:
+        return int(token_ids[int(logits.argmax(-1))])
+    q_small = probs_from_logits(logits, p.temperature, p.top_k, p.top_p, p.min_p)         # [1, V']
+    q = q_small.new_zeros(vocab_size)
+    q[token_ids] = q_small[0]
+    q_rows.append(q)
+    return int(token_ids[int(sample(q_small, ctx.generator))])
+
+
 def scatter_vocab(logits: torch.Tensor, token_ids: torch.Tensor, model_vocab: int, vocab_size: int) -> torch.Tensor:
     """A head's logits over a reduced vocabulary [R, V'] (row j is target token token_ids[j]) -> logits over the
     target's tokens [R, vocab_size], -inf for the tokens the head cannot propose (a model's padding rows dropped)."""

@@ -18,7 +18,7 @@ import torch
 from ..engine.kv_manager import KVManager
 from ..models.attn_metadata import causal_metadata, tree_keys
 from ..models.eagle3 import Eagle3Head
-from .base import Draft, ProposalContext, Proposer, draft_token, empty_draft, scatter_vocab
+from .base import Draft, ProposalContext, Proposer, empty_draft, head_draft_token
 from .tree import TreeBuilder
 
 DECODE_ROWS = 16     # feeds up to this many rows take the row-by-row attention
@@ -107,12 +107,12 @@ class Eagle3Proposer(Proposer):
                 tree_parents[owners[j]] = parents
         active = [j for j in range(len(owners)) if not ctxs[owners[j]].tree]
         while active:
-            logits = scatter_vocab(self.logits(h_last[active]), self.d2t, self.head.cfg.vocab_size,
-                                   self.vocab_size)                                 # [A, V]
+            logits = self.logits(h_last[active])                                    # [A, V'] draft vocabulary
             nxt = []
             for row, j in enumerate(active):
                 i = owners[j]
-                tok = draft_token(logits[row: row + 1], ctxs[i], q_rows[i])
+                tok = head_draft_token(logits[row: row + 1], self.d2t, self.head.cfg.vocab_size, self.vocab_size,
+                                       ctxs[i], q_rows[i])
                 drafted[i].append(tok)
                 if len(drafted[i]) < ks[i]:
                     nxt.append(j)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..models.medusa import MedusaHeads
-from .base import Draft, ProposalContext, Proposer, draft_token, empty_draft, scatter_vocab
+from .base import Draft, ProposalContext, Proposer, empty_draft, head_draft_token
 from .tree import TreeBuilder
 
 
@@ -51,9 +51,8 @@ class MedusaProposer(Proposer):
             q_rows: list[torch.Tensor] = []
             toks = []
             for j in range(k):
-                lg = head_logits[j][row: row + 1]
-                lg = scatter_vocab(lg, tmap, self.heads.cfg.vocab_size, self.vocab_size)
-                toks.append(draft_token(lg, ctxs[i], q_rows))
+                toks.append(head_draft_token(head_logits[j][row: row + 1], tmap, self.heads.cfg.vocab_size,
+                                             self.vocab_size, ctxs[i], q_rows))
             if ctxs[i].constraint is not None:
                 ctxs[i].constraint.rollback_draft()
             out[i] = Draft(torch.tensor(toks, dtype=torch.long), torch.stack(q_rows) if q_rows else None)

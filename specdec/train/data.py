@@ -5,6 +5,9 @@
   asks about code (a code fence, or words such as python, function, script, SQL)
 - `humaneval[:N]` or `humaneval[A:B]`  HumanEval problems with their canonical solutions as the answer, in the
   form `bench --prompts humaneval` asks them (`humaneval[20:]` leaves out the 20 problems the benchmark uses)
+- `stdlib-functions:N` or `stdlib-functions[A:B]`  HumanEval-style asks made from the documented top-level
+  functions of this Python's standard library (the signature and docstring to complete, the real function as the
+  answer; with --regenerate, the target's own), in a fixed pseudo-random order (a hash of module and name)
 - a `.jsonl` file: lines with `messages` (chat), `text`, or `prompt` + `completion`
 - a source file or a folder of them (`*.py`, `*.c`, `*.js`, ... read recursively, in sorted order), as plain text
 
@@ -21,6 +24,7 @@ from ..errors import SpecDecError
 
 CODE_SUFFIXES = {".py", ".c", ".h", ".cc", ".cpp", ".hpp", ".js", ".ts", ".go", ".rs", ".java", ".sh", ".rb"}
 _HUMANEVAL = re.compile(r"^humaneval(?:\[(\d*):(\d*)\]|:(\d+))?$")
+_STDLIB = re.compile(r"^stdlib-functions(?:\[(\d*):(\d*)\]|:(\d+))?$")
 _SHAREGPT = re.compile(r"^sharegpt(-code)?(?:\[(\d*):(\d*)\]|:(\d+))?$")
 _CODE_ASK = re.compile(r"```|\b(python|javascript|typescript|java|golang|rust|c\+\+|sql|bash|function|script|code|"
                        r"program|class|regex|api|html|css|json|algorithm|implement)\b", re.IGNORECASE)
@@ -59,6 +63,46 @@ def _humaneval(lo: int, hi: int | None) -> list[list[dict]]:
     return [[*humaneval_request(p)["messages"],
              {"role": "assistant", "content": f"```python\n{p['prompt']}{p['canonical_solution']}```"}]
             for p in humaneval_problems()[lo:hi]]
+
+
+def stdlib_functions() -> list[dict]:
+    """The standard library's public, undecorated top-level functions with a docstring of >= 60 characters, a body
+    beyond it and <= 60 lines, as HumanEval-like problems {task_id, prompt (signature + docstring), solution},
+    ordered by a hash of module.name (tests, idlelib, lib2to3 and site-packages left out)."""
+    import ast
+    import hashlib
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for f in sorted(root.rglob("*.py")):
+        rel = f.relative_to(root)
+        if any(part in ("test", "tests", "idlelib", "lib2to3", "site-packages") for part in rel.parts):
+            continue
+        try:
+            text = f.read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            continue
+        lines = text.splitlines(keepends=True)
+        module = ".".join(rel.with_suffix("").parts)
+        for node in tree.body:
+            doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
+            if (doc is None or len(doc) < 60 or node.name.startswith("_") or node.decorator_list
+                    or len(node.body) < 2 or node.end_lineno - node.lineno >= 60):
+                continue
+            head = "".join(lines[node.lineno - 1: node.body[0].end_lineno])
+            whole = "".join(lines[node.lineno - 1: node.end_lineno])
+            out.append({"task_id": f"{module}.{node.name}", "prompt": head if head.endswith("\n") else head + "\n",
+                        "solution": whole})
+    return sorted(out, key=lambda p: hashlib.sha1(p["task_id"].encode()).hexdigest())
+
+
+def _stdlib(lo: int, hi: int | None) -> list[list[dict]]:
+    from ..bench.datasets import humaneval_request
+
+    return [[*humaneval_request(p)["messages"], {"role": "assistant", "content": f"```python\n{p['solution']}```"}]
+            for p in stdlib_functions()[lo:hi]]
 
 
 def _jsonl(path: Path, tokenizer) -> list:
@@ -116,10 +160,17 @@ def load_source(source: str, tokenizer) -> list:
         lo = int(m.group(1)) if m.group(1) else 0
         hi = int(m.group(2)) if m.group(2) else None
         return _humaneval(lo, hi)
+    m = _STDLIB.match(source)
+    if m:
+        if m.group(3):
+            return _stdlib(0, int(m.group(3)))
+        return _stdlib(int(m.group(1)) if m.group(1) else 0, int(m.group(2)) if m.group(2) else None)
+    if source.startswith("stdlib-functions"):
+        raise SpecDecError(f"bad source '{source}' (stdlib-functions, stdlib-functions:N or stdlib-functions[A:B])")
     path = Path(source).expanduser()
     if not path.exists():
         raise SpecDecError(f"training source not found: {source} (sharegpt:N, sharegpt-code[A:B], humaneval[A:B], "
-                           "a .jsonl file, or a source file or folder)")
+                           "stdlib-functions[A:B], a .jsonl file, or a source file or folder)")
     if path.is_file() and path.suffix == ".jsonl":
         return _jsonl(path, tokenizer)
     docs = _code(path, tokenizer)
