@@ -355,6 +355,7 @@ def test_stdlib_function_sources_ask_humaneval_style_and_answer_with_the_real_fu
     with pytest.raises(SpecDecError, match="bad source 'stdlib-functions:x'"):
         load_source("stdlib-functions:x", None)
 
+
 def _eagle1(target, layers=1, seed=0):
     from specdec.models.eagle1 import EagleConfig, EagleHead
 

@@ -56,13 +56,26 @@ def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=False))
 
 
-def _humaneval(lo: int, hi: int | None) -> list[list[dict]]:
-    """Problems lo..hi asked as `bench --prompts humaneval` asks them, with the canonical solution as the answer."""
-    from ..bench.datasets import humaneval_problems, humaneval_request
+def _bounds(m: re.Match) -> tuple[int, int | None]:
+    """lo, hi of a NAME:N (group 3) or NAME[A:B] (groups 1, 2) source."""
+    if m.group(3):
+        return 0, int(m.group(3))
+    return int(m.group(1) or 0), int(m.group(2)) if m.group(2) else None
 
-    return [[*humaneval_request(p)["messages"],
-             {"role": "assistant", "content": f"```python\n{p['prompt']}{p['canonical_solution']}```"}]
-            for p in humaneval_problems()[lo:hi]]
+
+def _completion_chats(problems: list[dict], code) -> list[list[dict]]:
+    """Problems asked as `bench --prompts humaneval` asks them, each answered with code(problem) in a Python block."""
+    from ..bench.datasets import humaneval_request
+
+    return [[*humaneval_request(p)["messages"], {"role": "assistant", "content": f"```python\n{code(p)}```"}]
+            for p in problems]
+
+
+def _humaneval(lo: int, hi: int | None) -> list[list[dict]]:
+    """Problems lo..hi with the canonical solution as the answer."""
+    from ..bench.datasets import humaneval_problems
+
+    return _completion_chats(humaneval_problems()[lo:hi], lambda p: p["prompt"] + p["canonical_solution"])
 
 
 def stdlib_functions() -> list[dict]:
@@ -99,10 +112,7 @@ def stdlib_functions() -> list[dict]:
 
 
 def _stdlib(lo: int, hi: int | None) -> list[list[dict]]:
-    from ..bench.datasets import humaneval_request
-
-    return [[*humaneval_request(p)["messages"], {"role": "assistant", "content": f"```python\n{p['solution']}```"}]
-            for p in stdlib_functions()[lo:hi]]
+    return _completion_chats(stdlib_functions()[lo:hi], lambda p: p["solution"])
 
 
 def _jsonl(path: Path, tokenizer) -> list:
@@ -155,16 +165,10 @@ def load_source(source: str, tokenizer) -> list:
                            "sharegpt-code[A:B])")
     m = _HUMANEVAL.match(source)
     if m:
-        if m.group(3):
-            return _humaneval(0, int(m.group(3)))
-        lo = int(m.group(1)) if m.group(1) else 0
-        hi = int(m.group(2)) if m.group(2) else None
-        return _humaneval(lo, hi)
+        return _humaneval(*_bounds(m))
     m = _STDLIB.match(source)
     if m:
-        if m.group(3):
-            return _stdlib(0, int(m.group(3)))
-        return _stdlib(int(m.group(1)) if m.group(1) else 0, int(m.group(2)) if m.group(2) else None)
+        return _stdlib(*_bounds(m))
     if source.startswith("stdlib-functions"):
         raise SpecDecError(f"bad source '{source}' (stdlib-functions, stdlib-functions:N or stdlib-functions[A:B])")
     path = Path(source).expanduser()
