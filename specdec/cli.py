@@ -122,8 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="eagle3,medusa: both heads from one pass over the target (saved to OUT/eagle3, OUT/medusa)")
     th.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, .gguf file or HF directory")
     th.add_argument("--data", required=True,
-                    help="comma list: sharegpt:N, sharegpt-code[A:B], humaneval[A:B], stdlib-functions[A:B], a .jsonl "
-                         "file (messages | text | prompt+completion), or a source file or folder")
+                    help="comma list: sharegpt:N, sharegpt-code[A:B], humaneval[A:B], stdlib-functions[A:B], "
+                         "functions:PACKAGE[A:B] (an installed package's documented functions, e.g. "
+                         "functions:algorithms), a .jsonl file (messages | text | prompt+completion), or a source "
+                         "file or folder")
     th.add_argument("--out", required=True, help="the head's directory (written atomically)")
     th.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     th.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

@@ -356,6 +356,41 @@ def test_stdlib_function_sources_ask_humaneval_style_and_answer_with_the_real_fu
         load_source("stdlib-functions:x", None)
 
 
+
+def test_package_function_sources_read_an_installed_packages_documented_functions(tmp_path, monkeypatch):
+    from specdec.bench.datasets import humaneval_request
+    from specdec.train.data import load_source, package_functions
+
+    doc = '    """Return the sum of the squares of the even numbers in xs; odd numbers count for nothing."""\n'
+    good = "def even_squares(xs: list[int]) -> int:\n" + doc + "    return sum(x * x for x in xs if x % 2 == 0)\n"
+    pkg = tmp_path / "mypkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "tests").mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "ops.py").write_text(
+        "import functools\n\n\n" + good
+        + "\n\ndef _private(x):\n" + doc + "    return x\n"               # private: left out
+        + "\n\ndef short(x):\n    \"\"\"Too short.\"\"\"\n    return x\n"      # docstring < 60 characters
+        + "\n\ndef only_doc(x):\n" + doc                                   # no body beyond the docstring
+        + "\n\n@functools.cache\ndef cached(x):\n" + doc + "    return x\n")  # decorated
+    (pkg / "tests" / "test_ops.py").write_text("def test_even(xs):\n" + doc + "    assert xs\n")
+    (tmp_path / "onefile.py").write_text(good.replace("even_squares", "single"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    probs = package_functions("mypkg")
+    assert [p["task_id"] for p in probs] == ["mypkg.sub.ops.even_squares"]
+    assert probs[0]["solution"] == good and probs[0]["prompt"] == good[: good.index(doc) + len(doc)]
+    assert [p["task_id"] for p in package_functions("onefile")] == ["onefile.single"]
+    ask, answer = load_source("functions:mypkg", None)[0]
+    assert ask == humaneval_request(probs[0])["messages"][0]
+    assert answer == {"role": "assistant", "content": f"```python\n{good}```"}
+    assert load_source("functions:mypkg[1:]", None) == []
+    with pytest.raises(SpecDecError, match="no installed Python package 'no_such_pkg_here'"):
+        load_source("functions:no_such_pkg_here", None)
+    with pytest.raises(SpecDecError, match="bad source 'functions:mypkg:x'"):
+        load_source("functions:mypkg:x", None)
+
+
 def _eagle1(target, layers=1, seed=0):
     from specdec.models.eagle1 import EagleConfig, EagleHead
 

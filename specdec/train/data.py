@@ -8,6 +8,9 @@
 - `stdlib-functions:N` or `stdlib-functions[A:B]`  HumanEval-style asks made from the documented top-level
   functions of this Python's standard library (the signature and docstring to complete, the real function as the
   answer; with --regenerate, the target's own), in a fixed pseudo-random order (a hash of module and name)
+- `functions:PACKAGE`, `functions:PACKAGE:N` or `functions:PACKAGE[A:B]`  the same asks made from an installed
+  package's documented top-level functions (e.g. `functions:algorithms`, the MIT-licensed keon/algorithms
+  collection of small algorithmic functions: `pip install 'specdec[train]'`)
 - a `.jsonl` file: lines with `messages` (chat), `text`, or `prompt` + `completion`
 - a source file or a folder of them (`*.py`, `*.c`, `*.js`, ... read recursively, in sorted order), as plain text
 
@@ -25,6 +28,8 @@ from ..errors import SpecDecError
 CODE_SUFFIXES = {".py", ".c", ".h", ".cc", ".cpp", ".hpp", ".js", ".ts", ".go", ".rs", ".java", ".sh", ".rb"}
 _HUMANEVAL = re.compile(r"^humaneval(?:\[(\d*):(\d*)\]|:(\d+))?$")
 _STDLIB = re.compile(r"^stdlib-functions(?:\[(\d*):(\d*)\]|:(\d+))?$")
+_FUNCTIONS = re.compile(r"^functions:([A-Za-z_]\w*)((?:\[\d*:\d*\]|:\d+)?)$")
+_RANGE = re.compile(r"^(?:\[(\d*):(\d*)\]|:(\d+))?$")
 _SHAREGPT = re.compile(r"^sharegpt(-code)?(?:\[(\d*):(\d*)\]|:(\d+))?$")
 _CODE_ASK = re.compile(r"```|\b(python|javascript|typescript|java|golang|rust|c\+\+|sql|bash|function|script|code|"
                        r"program|class|regex|api|html|css|json|algorithm|implement)\b", re.IGNORECASE)
@@ -78,19 +83,19 @@ def _humaneval(lo: int, hi: int | None) -> list[list[dict]]:
     return _completion_chats(humaneval_problems()[lo:hi], lambda p: p["prompt"] + p["canonical_solution"])
 
 
-def stdlib_functions() -> list[dict]:
-    """The standard library's public, undecorated top-level functions with a docstring of >= 60 characters, a body
-    beyond it and <= 60 lines, as HumanEval-like problems {task_id, prompt (signature + docstring), solution},
-    ordered by a hash of module.name (tests, idlelib, lib2to3 and site-packages left out)."""
+def documented_functions(root: Path, prefix: str = "",
+                         skip: tuple[str, ...] = ("test", "tests")) -> list[dict]:
+    """Public, undecorated top-level functions of the .py files under root (or of root, a .py file) with a docstring of >= 60 characters, a
+    body beyond it and <= 60 lines, as HumanEval-like problems {task_id (prefix + module.name), prompt (signature +
+    docstring), solution}, ordered by a hash of the task id; folders named in skip are left out."""
     import ast
     import hashlib
-    import sysconfig
 
-    root = Path(sysconfig.get_paths()["stdlib"])
     out = []
-    for f in sorted(root.rglob("*.py")):
-        rel = f.relative_to(root)
-        if any(part in ("test", "tests", "idlelib", "lib2to3", "site-packages") for part in rel.parts):
+    base = root.parent if root.is_file() else root
+    for f in [root] if root.is_file() else sorted(root.rglob("*.py")):
+        rel = f.relative_to(base)
+        if any(part in skip for part in rel.parts):
             continue
         try:
             text = f.read_text(encoding="utf-8")
@@ -98,7 +103,7 @@ def stdlib_functions() -> list[dict]:
         except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue
         lines = text.splitlines(keepends=True)
-        module = ".".join(rel.with_suffix("").parts)
+        module = prefix + ".".join(rel.with_suffix("").parts)
         for node in tree.body:
             doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
             if (doc is None or len(doc) < 60 or node.name.startswith("_") or node.decorator_list
@@ -111,8 +116,39 @@ def stdlib_functions() -> list[dict]:
     return sorted(out, key=lambda p: hashlib.sha1(p["task_id"].encode()).hexdigest())
 
 
+def stdlib_functions() -> list[dict]:
+    """documented_functions of this Python's standard library (tests, idlelib, lib2to3 and site-packages left out)."""
+    import sysconfig
+
+    return documented_functions(Path(sysconfig.get_paths()["stdlib"]),
+                                skip=("test", "tests", "idlelib", "lib2to3", "site-packages"))
+
+
+def package_functions(name: str) -> list[dict]:
+    """documented_functions of an installed package (found, not imported), task ids prefixed with its name."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None:
+        raise SpecDecError(f"functions:{name}: no installed Python package '{name}' (pip install {name})")
+    origin = Path(spec.origin)
+    if not spec.submodule_search_locations:          # a single-module distribution
+        return documented_functions(origin) if origin.suffix == ".py" else []
+    return documented_functions(origin.parent, f"{name}.")
+
+
 def _stdlib(lo: int, hi: int | None) -> list[list[dict]]:
     return _completion_chats(stdlib_functions()[lo:hi], lambda p: p["solution"])
+
+
+def _package(name: str, lo: int, hi: int | None) -> list[list[dict]]:
+    problems = package_functions(name)
+    if not problems:
+        raise SpecDecError(f"functions:{name}: the package has no documented top-level functions")
+    return _completion_chats(problems[lo:hi], lambda p: p["solution"])
 
 
 def _jsonl(path: Path, tokenizer) -> list:
@@ -171,10 +207,15 @@ def load_source(source: str, tokenizer) -> list:
         return _stdlib(*_bounds(m))
     if source.startswith("stdlib-functions"):
         raise SpecDecError(f"bad source '{source}' (stdlib-functions, stdlib-functions:N or stdlib-functions[A:B])")
+    m = _FUNCTIONS.match(source)
+    if m:
+        return _package(m.group(1), *_bounds(_RANGE.match(m.group(2))))
+    if source.startswith("functions:"):
+        raise SpecDecError(f"bad source '{source}' (functions:PACKAGE, functions:PACKAGE:N or functions:PACKAGE[A:B])")
     path = Path(source).expanduser()
     if not path.exists():
         raise SpecDecError(f"training source not found: {source} (sharegpt:N, sharegpt-code[A:B], humaneval[A:B], "
-                           "stdlib-functions[A:B], a .jsonl file, or a source file or folder)")
+                           "stdlib-functions[A:B], functions:PACKAGE[A:B], a .jsonl file, or a source file or folder)")
     if path.is_file() and path.suffix == ".jsonl":
         return _jsonl(path, tokenizer)
     docs = _code(path, tokenizer)
