@@ -20,6 +20,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
                    help="target weights: none (runtime dtype), int8, or int4 (GGUF 4/6-bit blocks kept as they are; "
                         "our CPU kernel)")
+    p.add_argument("--head-quantization", default=None, choices=["none", "int8", "int4"],
+                   help="learned heads' linears (eagle3, eagle, medusa): runtime dtype, or 8-/4-bit blocks on our CPU "
+                        "kernel. Default: int8 for a bf16 head on CPU when the compiled kernels are installed, else none")
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -237,7 +240,8 @@ def cmd_generate(args) -> int:
                              quantization=args.draft_quantization, eagle_topk=args.eagle_topk,
                              num_steps=args.num_steps)
     llm = LLM(target=args.target, draft=args.draft, speculative=spec, dtype=args.dtype, device=args.device,
-              max_model_len=args.max_model_len, num_threads=args.threads, quantization=args.quantization)
+              max_model_len=args.max_model_len, num_threads=args.threads, quantization=args.quantization,
+              head_quantization=args.head_quantization)
     out = sys.stdout
     final, token_ids = None, []
     for delta in llm.stream(prompt, params, chat=not args.no_chat):
@@ -283,7 +287,8 @@ def cmd_bench_offline(args) -> int:
         repeats=args.repeats, seed=args.seed, out=args.out, peers=_csv(args.peers, str, "--peers"),
         target=args.target, draft=args.draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
-        draft_quantization=args.draft_quantization, quantization=args.quantization, progress=not args.no_progress,
+        draft_quantization=args.draft_quantization, quantization=args.quantization,
+        head_quantization=args.head_quantization, progress=not args.no_progress,
         heads={m: getattr(args, f"{m}_head") for m in ("eagle3", "eagle", "medusa") if getattr(args, f"{m}_head")},
         eagle_topk=args.eagle_topk, num_steps=args.num_steps,
         tree_tokens=_csv(args.tree_tokens, int, "--tree-tokens") if args.tree_tokens else [])

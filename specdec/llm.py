@@ -46,14 +46,14 @@ def default_draft_quantization(requested: str | None, target: LoadedModel) -> st
     return "none"
 
 
-def load_head_for(method: str, path: str | None, target: LoadedModel) -> LoadedHead:
+def load_head_for(method: str, path: str | None, target: LoadedModel, quantization: str | None = None) -> LoadedHead:
     """A learned head for the target: from `path`, else the one shipped for the default target; its linears on
-    the engine's CPU kernels."""
+    the engine's CPU kernels (quantization: none | int8 | int4, None = int8 blocks where specdec._C runs)."""
     from .models.heads import load_head, pack_head, shipped_head
 
     head = load_head(path or shipped_head(method, target.name), target.model, target.model.embed_tokens.weight.dtype,
                      target.model.embed_tokens.weight.device, method)
-    pack_head(head.module)
+    head.quantization = pack_head(head.module, quantization)
     return head
 
 
@@ -68,7 +68,7 @@ class LLM:
                  speculative: SpeculativeConfig | None = None, dtype: str = "bfloat16",
                  device: str | None = None, max_model_len: int | None = None, num_threads: int | None = None,
                  progress: bool = True, scheduler: SchedulerConfig | None = None, quantization: str | None = None,
-                 heads: dict[str, str | None] | None = None):
+                 heads: dict[str, str | None] | None = None, head_quantization: str | None = None):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         self.speculative = speculative or SpeculativeConfig(method="draft" if draft else "none")
         self.quantization = quantization               # the target's weights: none | int8 | int4 (vLLM's name)
@@ -91,7 +91,8 @@ class LLM:
         wanted = dict(heads or {})
         if self.speculative.method in HEAD_METHODS:
             wanted[self.speculative.method] = self.speculative.model
-        self.heads: dict[str, LoadedHead] = {m: load_head_for(m, path, self.target) for m, path in wanted.items()}
+        self.heads: dict[str, LoadedHead] = {m: load_head_for(m, path, self.target, head_quantization)
+                                             for m, path in wanted.items()}
         self.scheduler_config = scheduler or SchedulerConfig()
         self._policy: SpeculationPolicy | None = None
         self.engine = LLMEngine(self.target.model, self.tokenizer, self.draft.model if self.draft else None,

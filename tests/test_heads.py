@@ -95,6 +95,40 @@ def test_heads_batched_beside_other_methods_keep_parity(tiny_models, heads):
     assert not engine.heads["eagle3"].kv.caches and not engine.heads["medusa"].last    # released when finished
 
 
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantized_heads_guess_as_the_float_head_does_and_keep_parity(tiny_models, heads, scheme):
+    """pack_head's int8 / int4 blocks: every linear runs on the block kernel, Medusa's guesses match the float
+    heads' on random states (int8 nearly always), and greedy speculation with the quantized heads stays exact."""
+    import copy
+
+    from specdec.models.heads import default_head_quantization, pack_head
+    from specdec.models.quantization.kernels import available
+    from specdec.models.quantization.linear import BlockQuantLinear
+
+    if not available():
+        pytest.fail("specdec._C is not built: the README's install builds it")
+    target, _ = tiny_models
+    qe, qm = copy.deepcopy(heads["eagle3"]), copy.deepcopy(heads["medusa"])
+    assert pack_head(qe, scheme) == scheme and pack_head(qm, scheme) == scheme
+    for m in (qe, qm):
+        assert not any(isinstance(x, torch.nn.Linear) for x in m.modules())
+        assert any(isinstance(x, BlockQuantLinear) for x in m.modules())
+    assert qm.weight_nbytes() < heads["medusa"].weight_nbytes() / (3 if scheme == "int8" else 5)
+    h = torch.randn(256, target.config.hidden_size)
+    with torch.inference_mode():
+        agree = [(a.argmax(-1) == b.argmax(-1)).float().mean().item() for a, b in zip(qm(h), heads["medusa"](h))]
+    assert min(agree) > (0.95 if scheme == "int8" else 0.7), agree
+    ids = target.tokenizer.encode(PROMPT)
+    engine = LLMEngine(target.model, target.tokenizer, heads={"eagle3": qe, "medusa": qm})
+    base = _run(engine, ids, "none", None).output_ids
+    for method in ("eagle3", "medusa"):
+        seq = _run(engine, ids, method, 3)
+        assert seq.output_ids == base and seq.stats.draft_tokens > 0, method
+    # the default: int8 for a bf16 head on CPU with the kernels, the runtime dtype for fp32 heads
+    assert default_head_quantization(heads["medusa"]) == "none"
+    assert default_head_quantization(copy.deepcopy(heads["medusa"]).to(torch.bfloat16)) == "int8"
+
 def test_eagle3_inference_matches_training_forward(tiny_models):
     """The head's engine forward (KV cache, fused ops) equals its training forward (whole sequence, training-time
     test): step 0 over target-fed rows, and a chained row fed the head's own output and its guess."""

@@ -56,6 +56,7 @@ class OfflineBenchConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     draft_quantization: str | None = None
+    head_quantization: str | None = None     # learned heads' linears (None: int8 blocks where specdec._C runs)
     quantization: str | None = None         # the target's weights (--quantization)
     progress: bool = True
     heads: dict[str, str | None] = field(default_factory=dict)   # learned head per method (None: the shipped one)
@@ -149,7 +150,7 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     t0 = time.perf_counter()
     llm = LLM(target=cfg.target or DEFAULT_TARGET, draft=cfg.draft, dtype=cfg.dtype, device=cfg.device,
               max_model_len=cfg.max_model_len, num_threads=cfg.threads, progress=cfg.progress,
-              quantization=cfg.quantization,
+              quantization=cfg.quantization, head_quantization=cfg.head_quantization,
               heads={m: cfg.heads.get(m) for m in dict.fromkeys(TREE_LABELS.get(m, m) for m in cfg.methods)
                      if m in HEAD_METHODS},
               speculative=SpeculativeConfig(method="draft" if need_draft else "none",
@@ -185,7 +186,9 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
               # bytes a target forward streams: every weight but the embedding table (only rows are gathered)
               "target_read_gb_per_forward": (llm.target.weight_bytes - llm.target.model.embed_tokens.weight.nbytes) / 1e9,
               "draft_weight_bytes": llm.draft.weight_bytes if llm.draft is not None else 0,
-              "draft_kv_bytes_per_token": draft_kv_per_token, "peak_rss_mb": peak_rss_mb()}
+              "draft_kv_bytes_per_token": draft_kv_per_token, "peak_rss_mb": peak_rss_mb(),
+              "heads": {m: {"weight_bytes": h.module.weight_nbytes(), "quantization": h.quantization}
+                        for m, h in llm.heads.items()}}
     config = {**asdict(cfg), **({"policy": llm.policy().status()} if "auto" in cfg.methods else {}),
               "methods": list(dict.fromkeys(m for m, _ in cfg.configs())),
               "target": llm.target.name, "draft": llm.draft.name if llm.draft else None,

@@ -203,6 +203,9 @@ def render_report(result: dict, plots: list[str]) -> str:
               f"- target weights {mem['target_weight_bytes'] / 2**20:.0f} MiB; draft weights "
               f"{mem['draft_weight_bytes'] / 2**20:.0f} MiB; draft KV cache {mem['draft_kv_bytes_per_token'] / 1024:.1f} KiB "
               f"per token (max per request: {max((r.get('draft_kv_mb') or 0 for r in summary), default=0):.1f} MiB)",
+              *([f"- learned heads' weights as run: " + "; ".join(
+                  f"{m} {h['weight_bytes'] / 2**20:.1f} MiB ({h['quantization']})" for m, h in mem["heads"].items())]
+                if mem.get("heads") else []),
               f"- peak RSS of the benchmark process {mem['peak_rss_mb']:.0f} MiB (peers loaded after specdec's runs "
               "add to it)", ""]
 

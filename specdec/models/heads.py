@@ -40,6 +40,7 @@ class LoadedHead:
     method: str
     module: nn.Module                  # Eagle3Head | EagleHead | MedusaHeads
     source: Path
+    quantization: str = "none"         # its linears as run: none (runtime dtype) | int8 | int4 blocks (pack_head)
 
 
 SHIPPED = Path(__file__).resolve().parent.parent / "heads"      # specdec/heads/<target>/<method>/
@@ -247,14 +248,48 @@ def load_head(path: str | Path, target, dtype: torch.dtype, device: torch.device
     return LoadedHead(method, module.eval(), path)
 
 
-def pack_head(module: nn.Module) -> None:
-    """Swap the head's linears for the engine's batch-invariant CPU kernels (a no-op off CPU or in fp16)."""
-    from .packed_linear import can_pack, pack_linear
+def default_head_quantization(module: nn.Module) -> str:
+    """int8 blocks where specdec._C's kernels run (a bf16 head on CPU whose linears' inputs come in whole 32-wide
+    groups), else the runtime dtype."""
+    from .quantization.blocks import INT4_GROUP
+    from .quantization.kernels import available
 
+    w = next(module.parameters())
+    fits = all(m.in_features % INT4_GROUP == 0 for m in module.modules() if isinstance(m, nn.Linear))
+    return "int8" if w.device.type == "cpu" and w.dtype == torch.bfloat16 and fits and available() else "none"
+
+
+def pack_head(module: nn.Module, quantization: str | None = None) -> str:
+    """Swap the head's linears for the engine's CPU kernels and return the scheme used: `int8` (8-bit blocks, Q8_0's
+    shape) or `int4` (4-bit blocks) through specdec._C, `none` the batch-invariant runtime-dtype kernel (a no-op off
+    CPU or in fp16); None picks default_head_quantization. A head's weights only shape its guesses, which the
+    target verifies: quantizing it moves acceptance, never the output."""
+    from .packed_linear import can_pack, pack_linear
+    from .quantization import resolve_scheme
+
+    scheme = resolve_scheme(quantization) if quantization is not None else default_head_quantization(module)
+    if scheme != "none":
+        from .quantization.blocks import pack, quantize_int4, quantize_int8
+        from .quantization.kernels import load_kernels
+        from .quantization.linear import BlockQuantLinear
+
+        load_kernels()                    # a clear error when the extension is missing
+        if next(module.parameters()).device.type != "cpu":
+            raise SpecDecError(f"{scheme} head weights are available on CPU only")
+        codes = quantize_int8 if scheme == "int8" else quantize_int4
+
+        def make(child: nn.Linear) -> nn.Module:
+            p = pack(codes(child.weight.data.float()))
+            p.share_equal_scales()
+            return BlockQuantLinear(p, None if child.bias is None else child.bias.data)
+    else:
+        def make(child: nn.Linear) -> nn.Module:
+            return pack_linear(child.weight.data, None if child.bias is None else child.bias.data)
     for name, m in list(module.named_modules()):
         for child_name, child in list(m.named_children()):
-            if isinstance(child, nn.Linear) and can_pack(child.weight):
-                setattr(m, child_name, pack_linear(child.weight.data, None if child.bias is None else child.bias.data))
+            if isinstance(child, nn.Linear) and (scheme != "none" or can_pack(child.weight)):
+                setattr(m, child_name, make(child))
+    return scheme
 
 
 def hf_state(module: nn.Module, method: str) -> dict[str, torch.Tensor]:

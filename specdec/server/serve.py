@@ -107,7 +107,8 @@ def build_engine(args):
     llm = LLM(target=args.target, draft=spec.model if spec.method in ("draft", "auto") else None, speculative=spec,
               dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, num_threads=args.threads,
               scheduler=scheduler_config(args), quantization=args.quantization,
-              heads=parse_heads(getattr(args, "spec_heads", None)))
+              heads=parse_heads(getattr(args, "spec_heads", None)),
+              head_quantization=getattr(args, "head_quantization", None))
     if spec.method == "auto":
         from ..policy import PolicyConfig
 

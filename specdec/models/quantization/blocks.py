@@ -90,6 +90,22 @@ def quantize_int4(w: torch.Tensor) -> BlockCodes:
     return BlockCodes(q.to(torch.uint8).view(n, k), sc, mn, d, dmin, 4, INT4_GROUP, INT4_SUPERBLOCK).check()
 
 
+
+def quantize_int8(w: torch.Tensor) -> BlockCodes:
+    """Float weights [N, K] -> 8-bit codes, Q8_0-shaped: per group of 32 one fp16 scale d = amax / 127 and codes
+    round(w / d) in -127..127, stored as code + 128 (so sc = mn = 1, sb = 1 and dmin = 128 d, exact in fp16)."""
+    n, k = w.shape
+    if k % INT4_GROUP:
+        raise ValueError(f"int8 blocks need in_features divisible by {INT4_GROUP}, got {k}")
+    g = w.float().reshape(n, -1, INT4_GROUP)                      # [N, NG, 32]
+    d = (g.abs().amax(-1) / 127).half()                           # [N, NG]
+    step = d.float()
+    code = torch.where(step[..., None] > 0, torch.round(g / step.clamp(min=1e-30)[..., None]),
+                       torch.zeros_like(g)).clamp(-127, 127)
+    ones = torch.ones(n, g.shape[1], dtype=torch.int8)
+    return BlockCodes((code + 128).to(torch.uint8).view(n, k), ones, ones, d, (d.float() * 128).half(),
+                      8, INT4_GROUP, 1).check()
+
 def widen(c: BlockCodes, bits: int, group: int, span: int) -> BlockCodes:
     """The same weights in a format with more bits, smaller groups or shorter superblocks (lossless)."""
     assert bits >= c.bits and c.group % group == 0 and c.span % span == 0 and span % group == 0
