@@ -100,6 +100,22 @@ def test_tree_size_follows_the_measured_cost_of_rows():
     assert tokens == [0] and parents == [-1]
 
 
+
+def test_tree_grows_a_level_only_where_a_frontier_node_would_be_verified():
+    b = TreeBuilder(topk=2)
+    ids = torch.arange(6)
+    b.add_children(-1, torch.tensor([0.5, 0.3, 0.1, 0.05, 0.03, 0.02]).log(), ids)    # 0: 0.5, 1: 0.3
+    b.pick_frontier(1)
+    assert b.worth_growing(8)                                   # no cost model: the budget keeps both
+    steep = lambda n: 1.0 + 0.5 * (n - 1)                       # noqa: E731 - one node kept: (1 + 0.5) / 1.5
+    assert b.worth_growing(8, steep)                            # node 0 is kept, so its children may be
+    b.add_children(0, torch.tensor([0.2, 0.2, 0.2, 0.2, 0.1, 0.1]).log(), ids)        # 2, 3: 0.1 each
+    b.pick_frontier(2)
+    assert b.frontier == [2, 3]
+    assert not b.worth_growing(8, steep)                        # neither 0.1 node pays for its row
+    assert b.worth_growing(8, lambda n: 1.0)                    # rows free: everything is kept
+    assert not b.worth_growing(2)                               # a budget of 2 keeps 0 and 1 only
+
 class OracleTree(Proposer):
     """A tree whose true path hides behind a decoy at every level (so compaction moves K/V): it knows the plain
     greedy output in advance."""

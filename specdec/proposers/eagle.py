@@ -148,7 +148,10 @@ class Eagle3Proposer(Proposer):
             for i in range(len(b.nodes)):
                 h_of[(s, i)] = h_root[s]
         for depth in range(1, max(ctx.depth for ctx in ctxs)):
-            grow = [(s, b.pick_frontier(depth)) for s, (b, ctx) in enumerate(zip(builders, ctxs)) if depth < ctx.depth]
+            # a level is grown only where some node it grows from could still be verified (no head forward for
+            # rows whose subtrees the cost model would cut anyway)
+            grow = [(s, b.frontier) for s, (b, ctx, k) in enumerate(zip(builders, ctxs, budgets))
+                    if depth < ctx.depth and b.pick_frontier(depth) and b.worth_growing(k, ctx.row_cost)]
             if not grow:
                 break
             spans, toks, gs, positions, rows = [], [], [], [], []
