@@ -147,7 +147,7 @@ class LLM:
         key = "|".join(map(str, (self.target.source, self.draft.source if self.draft else None, p.dtype, p.device,
                                  torch.get_num_threads(), k_max, max_rows, torch.__version__,
                                  self.quantization, self.draft_quantization, COST_MODEL_REVISION,
-                                 sorted((m, str(h.source)) for m, h in self.heads.items()))))
+                                 sorted((m, str(h.source), h.quantization) for m, h in self.heads.items()))))
         path = cache_dir() / "cost_models" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if path.is_file():
             try:
