@@ -128,6 +128,10 @@ def test_quantized_heads_guess_as_the_float_head_does_and_keep_parity(tiny_model
     # the default: int8 for a bf16 head on CPU with the kernels, the runtime dtype for fp32 heads
     assert default_head_quantization(heads["medusa"]) == "none"
     assert default_head_quantization(copy.deepcopy(heads["medusa"]).to(torch.bfloat16)) == "int8"
+    odd = torch.nn.Sequential(torch.nn.Linear(40, 16)).to(torch.bfloat16)     # inputs not in whole 32-wide groups
+    assert default_head_quantization(odd) == "none"
+    with pytest.raises(SpecDecError, match="multiple of 32"):
+        pack_head(odd, scheme)
 
 def test_eagle3_inference_matches_training_forward(tiny_models):
     """The head's engine forward (KV cache, fused ops) equals its training forward (whole sequence, training-time

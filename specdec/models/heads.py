@@ -269,13 +269,17 @@ def pack_head(module: nn.Module, quantization: str | None = None) -> str:
 
     scheme = resolve_scheme(quantization) if quantization is not None else default_head_quantization(module)
     if scheme != "none":
-        from .quantization.blocks import pack, quantize_int4, quantize_int8
+        from .quantization.blocks import INT4_GROUP, pack, quantize_int4, quantize_int8
         from .quantization.kernels import load_kernels
         from .quantization.linear import BlockQuantLinear
 
         load_kernels()                    # a clear error when the extension is missing
         if next(module.parameters()).device.type != "cpu":
             raise SpecDecError(f"{scheme} head weights are available on CPU only")
+        odd = [n for n, m in module.named_modules() if isinstance(m, nn.Linear) and m.in_features % INT4_GROUP]
+        if odd:
+            raise SpecDecError(f"{scheme} head weights need linears whose inputs are a multiple of {INT4_GROUP} wide "
+                               f"({odd[0]} is not); use --head-quantization none")
         codes = quantize_int8 if scheme == "int8" else quantize_int4
 
         def make(child: nn.Linear) -> nn.Module:
