@@ -248,15 +248,21 @@ def load_head(path: str | Path, target, dtype: torch.dtype, device: torch.device
     return LoadedHead(method, module.eval(), path)
 
 
+def _unblockable_linears(module: nn.Module) -> list[str]:
+    """Names of the linears whose inputs do not come in whole block groups (32 wide): they cannot take block weights."""
+    from .quantization.blocks import INT4_GROUP
+
+    return [n for n, m in module.named_modules() if isinstance(m, nn.Linear) and m.in_features % INT4_GROUP]
+
+
 def default_head_quantization(module: nn.Module) -> str:
     """int8 blocks where specdec._C's kernels run (a bf16 head on CPU whose linears' inputs come in whole 32-wide
     groups), else the runtime dtype."""
-    from .quantization.blocks import INT4_GROUP
     from .quantization.kernels import available
 
     w = next(module.parameters())
-    fits = all(m.in_features % INT4_GROUP == 0 for m in module.modules() if isinstance(m, nn.Linear))
-    return "int8" if w.device.type == "cpu" and w.dtype == torch.bfloat16 and fits and available() else "none"
+    return ("int8" if w.device.type == "cpu" and w.dtype == torch.bfloat16 and not _unblockable_linears(module)
+            and available() else "none")
 
 
 def pack_head(module: nn.Module, quantization: str | None = None) -> str:
@@ -276,7 +282,7 @@ def pack_head(module: nn.Module, quantization: str | None = None) -> str:
         load_kernels()                    # a clear error when the extension is missing
         if next(module.parameters()).device.type != "cpu":
             raise SpecDecError(f"{scheme} head weights are available on CPU only")
-        odd = [n for n, m in module.named_modules() if isinstance(m, nn.Linear) and m.in_features % INT4_GROUP]
+        odd = _unblockable_linears(module)
         if odd:
             raise SpecDecError(f"{scheme} head weights need linears whose inputs are a multiple of {INT4_GROUP} wide "
                                f"({odd[0]} is not); use --head-quantization none")

@@ -28,8 +28,7 @@ from ..errors import SpecDecError
 CODE_SUFFIXES = {".py", ".c", ".h", ".cc", ".cpp", ".hpp", ".js", ".ts", ".go", ".rs", ".java", ".sh", ".rb"}
 _HUMANEVAL = re.compile(r"^humaneval(?:\[(\d*):(\d*)\]|:(\d+))?$")
 _STDLIB = re.compile(r"^stdlib-functions(?:\[(\d*):(\d*)\]|:(\d+))?$")
-_FUNCTIONS = re.compile(r"^functions:([A-Za-z_]\w*)((?:\[\d*:\d*\]|:\d+)?)$")
-_RANGE = re.compile(r"^(?:\[(\d*):(\d*)\]|:(\d+))?$")
+_FUNCTIONS = re.compile(r"^functions:([A-Za-z_]\w*)(?:\[(\d*):(\d*)\]|:(\d+))?$")
 _SHAREGPT = re.compile(r"^sharegpt(-code)?(?:\[(\d*):(\d*)\]|:(\d+))?$")
 _CODE_ASK = re.compile(r"```|\b(python|javascript|typescript|java|golang|rust|c\+\+|sql|bash|function|script|code|"
                        r"program|class|regex|api|html|css|json|algorithm|implement)\b", re.IGNORECASE)
@@ -61,11 +60,12 @@ def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=False))
 
 
-def _bounds(m: re.Match) -> tuple[int, int | None]:
-    """lo, hi of a NAME:N (group 3) or NAME[A:B] (groups 1, 2) source."""
-    if m.group(3):
-        return 0, int(m.group(3))
-    return int(m.group(1) or 0), int(m.group(2)) if m.group(2) else None
+def _bounds(m: re.Match, first: int = 1) -> tuple[int, int | None]:
+    """lo, hi of a NAME:N (group first + 2) or NAME[A:B] (groups first, first + 1) source."""
+    a, b, n = m.group(first), m.group(first + 1), m.group(first + 2)
+    if n:
+        return 0, int(n)
+    return int(a or 0), int(b) if b else None
 
 
 def _completion_chats(problems: list[dict], code) -> list[list[dict]]:
@@ -85,9 +85,10 @@ def _humaneval(lo: int, hi: int | None) -> list[list[dict]]:
 
 def documented_functions(root: Path, prefix: str = "",
                          skip: tuple[str, ...] = ("test", "tests")) -> list[dict]:
-    """Public, undecorated top-level functions of the .py files under root (or of root, a .py file) with a docstring of >= 60 characters, a
-    body beyond it and <= 60 lines, as HumanEval-like problems {task_id (prefix + module.name), prompt (signature +
-    docstring), solution}, ordered by a hash of the task id; folders named in skip are left out."""
+    """Public, undecorated top-level functions of the .py files under root (or of root, a .py file) with a
+    docstring of >= 60 characters, a body beyond it and <= 60 lines, as HumanEval-like problems {task_id (prefix +
+    module.name), prompt (signature + docstring), solution}, ordered by a hash of the task id; folders named in skip
+    are left out."""
     import ast
     import hashlib
 
@@ -209,7 +210,7 @@ def load_source(source: str, tokenizer) -> list:
         raise SpecDecError(f"bad source '{source}' (stdlib-functions, stdlib-functions:N or stdlib-functions[A:B])")
     m = _FUNCTIONS.match(source)
     if m:
-        return _package(m.group(1), *_bounds(_RANGE.match(m.group(2))))
+        return _package(m.group(1), *_bounds(m, first=2))
     if source.startswith("functions:"):
         raise SpecDecError(f"bad source '{source}' (functions:PACKAGE, functions:PACKAGE:N or functions:PACKAGE[A:B])")
     path = Path(source).expanduser()

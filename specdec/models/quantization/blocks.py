@@ -90,7 +90,6 @@ def quantize_int4(w: torch.Tensor) -> BlockCodes:
     return BlockCodes(q.to(torch.uint8).view(n, k), sc, mn, d, dmin, 4, INT4_GROUP, INT4_SUPERBLOCK).check()
 
 
-
 def quantize_int8(w: torch.Tensor) -> BlockCodes:
     """Float weights [N, K] -> 8-bit codes, Q8_0-shaped: per group of 32 one fp16 scale d = amax / 127 and codes
     round(w / d) in -127..127, stored as code + 128 (so sc = mn = 1, sb = 1 and dmin = 128 d, exact in fp16)."""
@@ -105,6 +104,7 @@ def quantize_int8(w: torch.Tensor) -> BlockCodes:
     ones = torch.ones(n, g.shape[1], dtype=torch.int8)
     return BlockCodes((code + 128).to(torch.uint8).view(n, k), ones, ones, d, (d.float() * 128).half(),
                       8, INT4_GROUP, 1).check()
+
 
 def widen(c: BlockCodes, bits: int, group: int, span: int) -> BlockCodes:
     """The same weights in a format with more bits, smaller groups or shorter superblocks (lossless)."""
