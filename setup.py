@@ -30,7 +30,8 @@ def extensions():
 
     ext = CppExtension(
         "specdec._C",
-        ["csrc/bindings.cpp", "csrc/ops.cpp", "csrc/attention.cpp", "csrc/bf16_linear.cpp", "csrc/qlinear_portable.cpp", "csrc/qlinear_avx512.cpp"],
+        ["csrc/bindings.cpp", "csrc/ops.cpp", "csrc/attention.cpp", "csrc/bf16_linear.cpp", "csrc/qlinear_portable.cpp", "csrc/qlinear_avx512.cpp",
+         "csrc/qlinear_avx2.cpp"],
         # -fopenmp: at::parallel_for is header code; without it the kernel runs on one thread.
         # -ffp-contract=off: the portable kernel must round exactly where the AVX-512 kernel does.
         extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"],

@@ -11,7 +11,7 @@ using specdec::QAct;
 using specdec::QWeight;
 
 // Returns [m, n] in x's dtype when that is bf16, else fp32.
-// impl: 0 = best for this CPU, 1 = portable, 2 = AVX-512 VNNI (an error on a CPU without it)
+// impl: 0 = best for this CPU, 1 = portable, 2 = AVX-512 VNNI, 3 = AVX2 (2 and 3: an error on a CPU without it)
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tensor& sc,
                       const torch::Tensor& mn, const torch::Tensor& dm, const c10::optional<torch::Tensor>& bias,
                       int64_t bits, int64_t group, int64_t sb, int64_t impl) {
@@ -30,7 +30,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
                 "qlinear: scale tensors do not match the weight");
     const bool avx = specdec::cpu_has_avx512_vnni();
     TORCH_CHECK(impl != 2 || avx, "qlinear: this CPU lacks AVX-512 VNNI");
-    const bool use_avx = avx && impl != 1;
+    TORCH_CHECK(impl != 3 || specdec::cpu_has_avx2(), "qlinear: this CPU lacks AVX2, FMA or F16C");
+    const bool use_avx = avx && (impl == 0 || impl == 2);
 
     // bf16 and fp32 inputs are read as they are (bf16 -> fp32 is exact); other dtypes convert to fp32
     const torch::Tensor xf = x.scalar_type() == torch::kBFloat16 ? x.contiguous() : x.to(torch::kFloat32).contiguous();
@@ -49,6 +50,7 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
     }
     QWeight w{qw.data_ptr<uint8_t>(), sc.data_ptr<int8_t>(), mn.data_ptr<int8_t>(),
               reinterpret_cast<const uint16_t*>(dm.data_ptr<at::Half>()), n, k, int(bits), int(group), int(sb)};
+    const bool use_avx2 = impl == 3 || (impl == 0 && !avx && specdec::cpu_has_avx2() && specdec::qlinear_avx2_supports(w));
     {
         pybind11::gil_scoped_release no_gil;
         const void* xp = xf.data_ptr();
@@ -77,6 +79,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
         at::parallel_for(0, nb, 1, [&](int64_t c0, int64_t c1) {
             if (use_avx)
                 specdec::qlinear_avx512(w, xa, bp, op, c0, c1);
+            else if (use_avx2)
+                specdec::qlinear_avx2(w, xa, bp, op, c0, c1);
             else
                 specdec::qlinear_portable(w, xa, bp, op, c0, c1);
             if (bf16_in) {
@@ -102,4 +106,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("set_prefetch_distance", &specdec::set_prefetch_distance, "bytes of weights prefetched ahead (0 = off)");
     m.def("prefetch_distance", &specdec::prefetch_distance);
     m.def("has_avx512_vnni", &specdec::cpu_has_avx512_vnni, "the CPU runs the AVX-512 VNNI kernel");
+    m.def("has_avx2", &specdec::cpu_has_avx2, "the CPU runs the AVX2 kernel (4- and 6-bit codes)");
 }

@@ -9,7 +9,15 @@ import torch
 from specdec.models.packed_linear import Bf16Linear, PackedLinear, bf16_kernel_available, pack_bf16, pack_linear
 
 ext = pytest.importorskip("specdec._C", reason="specdec._C not built (needs a C++ compiler at install)")
-pytestmark = pytest.mark.skipif(not ext.has_avx512_bf16(), reason="this CPU lacks AVX-512 BF16")
+pytestmark = pytest.mark.skipif(not ext.has_bf16_linear(), reason="this CPU lacks AVX-512 BF16 and AVX2 + FMA")
+# every path this CPU runs: AVX-512 BF16 where it exists, AVX2 + FMA on any x86-64 CPU of the last decade
+IMPLS = ["avx512", "avx2"] if ext.has_avx512_bf16() else ["avx2"]
+
+
+@pytest.fixture(params=IMPLS, autouse=True)
+def impl(request, monkeypatch):
+    monkeypatch.setattr(Bf16Linear, "impl", request.param)
+    return request.param
 
 
 def _rand(*shape, seed=0, scale=1.0):
@@ -54,6 +62,8 @@ def test_bad_input_is_a_clear_error():
         ext.linear_bf16(_rand(2, 34), lin.packed, None, 64)
     with pytest.raises(RuntimeError, match="bf16"):
         ext.linear_bf16(torch.zeros(2, 32), lin.packed, None, 64)
+    with pytest.raises(RuntimeError, match="impl"):
+        ext.linear_bf16(_rand(2, 32), lin.packed, None, 64, 7)
     with pytest.raises(ValueError, match="even"):
         pack_bf16(_rand(64, 33))
 
@@ -62,3 +72,16 @@ def test_chosen_for_bf16_only():
     assert bf16_kernel_available(torch.zeros(1, dtype=torch.bfloat16))
     assert isinstance(pack_linear(_rand(64, 32), None), Bf16Linear)
     assert isinstance(pack_linear(torch.randn(64, 32), None), PackedLinear)      # fp32 stays on oneDNN
+
+
+def test_avx2_and_avx512_agree_closely():
+    """Two summation orders of the same fp32 products: equal up to a bf16 rounding step or so."""
+    if not ext.has_avx512_bf16():
+        pytest.skip("one path only on this CPU")
+    w, x = _rand(96, 640, scale=0.05), _rand(5, 640, seed=8)
+    lin = Bf16Linear(w, None)
+    outs = {}
+    for name in IMPLS:
+        Bf16Linear.impl = name
+        outs[name] = lin(x).double()
+    assert torch.allclose(outs["avx2"], outs["avx512"], rtol=2 ** -6, atol=1e-3)

@@ -125,9 +125,13 @@ def test_quantized_heads_guess_as_the_float_head_does_and_keep_parity(tiny_model
     for method in ("eagle3", "medusa"):
         seq = _run(engine, ids, method, 3)
         assert seq.output_ids == base and seq.stats.draft_tokens > 0, method
-    # the default: int8 for a bf16 head on CPU with the kernels, the runtime dtype for fp32 heads
+    # the default: int8 for a bf16 head on a CPU that runs 8-bit codes on a vector kernel (AVX-512 VNNI), the
+    # runtime dtype for fp32 heads and on AVX2-only CPUs
+    from specdec.models.quantization.kernels import vector_kernel
+
     assert default_head_quantization(heads["medusa"]) == "none"
-    assert default_head_quantization(copy.deepcopy(heads["medusa"]).to(torch.bfloat16)) == "int8"
+    bf16_default = default_head_quantization(copy.deepcopy(heads["medusa"]).to(torch.bfloat16))
+    assert bf16_default == ("int8" if vector_kernel(8) else "none")
     odd = torch.nn.Sequential(torch.nn.Linear(40, 16)).to(torch.bfloat16)     # inputs not in whole 32-wide groups
     assert default_head_quantization(odd) == "none"
     with pytest.raises(SpecDecError, match="multiple of 32"):
@@ -397,7 +401,7 @@ def test_stdlib_function_sources_ask_humaneval_style_and_answer_with_the_real_fu
 
 def test_package_function_sources_read_an_installed_packages_documented_functions(tmp_path, monkeypatch):
     from specdec.bench.datasets import humaneval_request
-    from specdec.train.data import load_source, package_functions
+    from specdec.train.data import held_out_names, load_source, package_functions
 
     doc = '    """Return the sum of the squares of the even numbers in xs; odd numbers count for nothing."""\n'
     good = "def even_squares(xs: list[int]) -> int:\n" + doc + "    return sum(x * x for x in xs if x % 2 == 0)\n"
@@ -410,15 +414,19 @@ def test_package_function_sources_read_an_installed_packages_documented_function
         + "\n\ndef _private(x):\n" + doc + "    return x\n"               # private: left out
         + "\n\ndef short(x):\n    \"\"\"Too short.\"\"\"\n    return x\n"      # docstring < 60 characters
         + "\n\ndef only_doc(x):\n" + doc                                   # no body beyond the docstring
-        + "\n\n@functools.cache\ndef cached(x):\n" + doc + "    return x\n")  # decorated
+        + "\n\n@functools.cache\ndef cached(x):\n" + doc + "    return x\n"  # decorated
+        + "\n\ndef intersperse(xs, d):\n" + doc + "    return xs\n")  # named as a held-out HumanEval problem
     (pkg / "tests" / "test_ops.py").write_text("def test_even(xs):\n" + doc + "    assert xs\n")
     (tmp_path / "onefile.py").write_text(good.replace("even_squares", "single"))
     monkeypatch.syspath_prepend(str(tmp_path))
 
-    probs = package_functions("mypkg")
-    assert [p["task_id"] for p in probs] == ["mypkg.sub.ops.even_squares"]
+    assert "intersperse" in held_out_names()                   # HumanEval/5, one of the benchmark's humaneval:20
+    assert {p["task_id"] for p in package_functions("mypkg")} == {"mypkg.sub.ops.even_squares",
+                                                                 "mypkg.sub.ops.intersperse"}
+    probs = [p for p in package_functions("mypkg") if p["task_id"].endswith("even_squares")]
     assert probs[0]["solution"] == good and probs[0]["prompt"] == good[: good.index(doc) + len(doc)]
     assert [p["task_id"] for p in package_functions("onefile")] == ["onefile.single"]
+    assert len(load_source("functions:mypkg", None)) == 1       # intersperse is never a training ask
     ask, answer = load_source("functions:mypkg", None)[0]
     assert ask == humaneval_request(probs[0])["messages"][0]
     assert answer == {"role": "assistant", "content": f"```python\n{good}```"}

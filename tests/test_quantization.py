@@ -92,6 +92,19 @@ def test_portable_kernel_equals_avx512(fmt):
     assert torch.equal(_run(lin, x, "portable"), _run(lin, x, "avx512"))
 
 
+@pytest.mark.skipif(not ext.has_avx2(), reason="this CPU has no AVX2 kernel to compare against")
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f[0] in (4, 6)])
+def test_portable_kernel_equals_avx2(fmt):
+    """The AVX2 kernel (4- and 6-bit codes) gives the portable kernel's bits, any row count (tiles of up to 4)."""
+    lin, _, _ = _linear(fmt=fmt)
+    x = torch.randn(19, 896)
+    assert torch.equal(_run(lin, x, "portable"), _run(lin, x, "avx2"))
+    lin = BlockQuantLinear(pack(_random_codes(*fmt)), torch.randn(80))
+    for m in (1, 2, 3, 5, 19):
+        assert torch.equal(_run(lin, x[:m], "portable"), _run(lin, x[:m], "avx2")), m
+    assert torch.equal(_run(lin, x.bfloat16(), "portable"), _run(lin, x.bfloat16(), "avx2"))
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_kernel_full_code_range_matches_reference(fmt):
     codes = _random_codes(*fmt)

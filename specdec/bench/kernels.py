@@ -6,10 +6,11 @@ M = k + 1). Weights are random (kernel time does not depend on values); one meth
 timed and freed before the next, so peak memory is one stack. V(M) = t(M) / t(1) is the cost of an
 M-row forward in one-row forwards: what speculation must beat.
 
-Methods: bf16 (oneDNN packed, rows padded to 6), bf16-ours (specdec._C's AVX-512 BF16 kernel, the default for bf16
-where the CPU has it), aten-int4 (`_weight_int4pack_mm_for_cpu`, group 32),
+Methods: bf16 (oneDNN packed, rows padded to 6; its bf16 path needs AVX-512), bf16-ours (specdec._C's bf16 kernel,
+the default for bf16: AVX-512 BF16, else AVX2 + FMA), aten-int4 (`_weight_int4pack_mm_for_cpu`, group 32),
 aten-int8 (`_weight_int8pack_mm`, per channel), ours (specdec._C, 4-bit group 32 as built from Q4_K),
-ours-q6 (the same kernel on 6-bit codes in 16-k groups: how the GGUF's Q6_K tensors are held exactly).
+ours-q6 (the same kernel on 6-bit codes in 16-k groups: how the GGUF's Q6_K tensors are held exactly), ours-portable
+(`ours` on the scalar kernel). `ours` runs the AVX-512 VNNI kernel where the CPU has it, else the AVX2 one.
 """
 from __future__ import annotations
 
@@ -66,6 +67,12 @@ def _ours(n, k, bits=4, group=32, sb=8):
     return BlockQuantLinear(p, None)
 
 
+def _ours_portable(n, k):
+    lin = _ours(n, k)
+    lin.impl = "portable"          # the scalar kernel: what a CPU without a vector path runs
+    return lin
+
+
 METHODS = {
     "bf16": _bf16,
     "bf16-ours": _bf16_ours,
@@ -73,6 +80,7 @@ METHODS = {
     "aten-int8": _aten_int8,
     "ours": _ours,
     "ours-q6": lambda n, k: _ours(n, k, bits=6, group=16, sb=16),
+    "ours-portable": _ours_portable,
 }
 
 
@@ -118,8 +126,13 @@ def main(argv: list[str] | None = None) -> None:
           f"best of {args.reps}")
     results = {}
     for method in methods:
-        results[method] = time_stack(method, rows, args.reps, args.layers)
+        try:
+            results[method] = time_stack(method, rows, args.reps, args.layers)
+        except RuntimeError as exc:            # e.g. oneDNN's bf16 path on a CPU without AVX-512
+            print(f"  {method}: not available on this CPU ({str(exc).splitlines()[0]})", flush=True)
+            continue
         print(f"  {method}: " + " ".join(f"{m}:{t:.1f}" for m, t in results[method].items()), flush=True)
+    methods = [m for m in methods if m in results]
     head = "| M | " + " | ".join(methods) + " | " + " | ".join(f"V {m}" for m in methods) + " |"
     print("\n" + head + "\n|" + "---|" * (1 + 2 * len(methods)))
     for m in rows:

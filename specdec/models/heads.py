@@ -256,13 +256,14 @@ def _unblockable_linears(module: nn.Module) -> list[str]:
 
 
 def default_head_quantization(module: nn.Module) -> str:
-    """int8 blocks where specdec._C's kernels run (a bf16 head on CPU whose linears' inputs come in whole 32-wide
-    groups), else the runtime dtype."""
-    from .quantization.kernels import available
+    """int8 blocks where specdec._C runs 8-bit codes on a vector kernel (AVX-512 VNNI; a bf16 head on CPU whose
+    linears' inputs come in whole 32-wide groups), else the runtime dtype (on an AVX2-only CPU 8-bit codes would run
+    on the scalar kernel, slower than the bf16 one)."""
+    from .quantization.kernels import vector_kernel
 
     w = next(module.parameters())
     return ("int8" if w.device.type == "cpu" and w.dtype == torch.bfloat16 and not _unblockable_linears(module)
-            and available() else "none")
+            and vector_kernel(8) else "none")
 
 
 def pack_head(module: nn.Module, quantization: str | None = None) -> str:

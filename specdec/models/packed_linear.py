@@ -1,11 +1,13 @@
 """Linear layers with weights pre-packed at load time for CPU.
 
-bf16 on a CPU with AVX-512 BF16: `Bf16Linear`, specdec._C's own kernel (csrc/bf16_linear.cpp). It reads the
-weights once per call for any row count up to 12 and from L2 beyond, and computes every row alone in a fixed
-order, so a row's result never depends on the batch (no padding needed). Measured on the 1.5B's linears
-(`python -m specdec.bench.kernels --methods bf16,bf16-ours`): see docs/benchmarks/README.md.
+bf16 on CPU: `Bf16Linear`, specdec._C's own kernel (csrc/bf16_linear.cpp) with AVX-512 BF16, or with AVX2 + FMA
+on CPUs without it (AMD Zen 2/3, Intel client cores). It reads the weights once per call for a few rows and
+computes every row alone in a fixed order, so a row's result never depends on the batch (no padding needed).
+Measured on the 1.5B's linears (`python -m specdec.bench.kernels --methods bf16,bf16-ours`): see
+docs/benchmarks/README.md.
 
-Otherwise (fp32, or a CPU without AVX-512 BF16): `PackedLinear`, oneDNN's packed matmul, below.
+Otherwise (fp32, or specdec._C not built): `PackedLinear`, oneDNN's packed matmul, below, where oneDNN runs the
+dtype on this CPU (`onednn_packs`; its bf16 path needs AVX-512), else the model keeps its plain linears.
 
 A plain `F.linear` on CPU re-lays-out the weight for oneDNN on every call, which roughly halves the
 bandwidth a decode step gets from memory. Packing once at load time (what inductor's weight freezing
@@ -19,6 +21,8 @@ results per row. Padding therefore makes a one-token step faster *and* computes 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -26,8 +30,24 @@ from .hugepages import in_huge_pages
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float32)
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    """Whether pack_linear has a batch-invariant CPU kernel for this weight: ours (bf16), else oneDNN's packed
+    matmul where this CPU runs it for the dtype."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float32):
+        return False
+    return bf16_kernel_available(weight) or onednn_packs(weight.dtype)
+
+
+@functools.cache
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """oneDNN's packed matmul exists and runs `dtype` on this CPU. Its bf16 path needs AVX-512 (BW, VL, DQ) or
+    AVX-NE-CONVERT: on an AVX2-only CPU (AMD Zen 2/3) packing a bf16 weight raises, so it is tried once, small."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 MIN_ROWS = 6
@@ -58,13 +78,13 @@ class PackedLinear(nn.Module):
 
 
 def _bf16_ext():
-    """specdec._C when it is built and this CPU runs its bf16 kernel, else None."""
+    """specdec._C when it is built and this CPU runs its bf16 kernel (AVX-512 BF16, else AVX2 + FMA), else None."""
     from .quantization.kernels import available, load_kernels
 
     if not available():
         return None
     ext = load_kernels()
-    return ext if getattr(ext, "has_avx512_bf16", lambda: False)() else None
+    return ext if getattr(ext, "has_bf16_linear", lambda: False)() else None
 
 
 def bf16_kernel_available(weight: torch.Tensor) -> bool:
@@ -84,8 +104,13 @@ def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
     return w.view(nb, 32, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
+BF16_IMPLS = {"auto": 0, "avx512": 1, "avx2": 2}
+
+
 class Bf16Linear(nn.Module):
-    """A bf16 linear on specdec._C's AVX-512 BF16 kernel: every row alone, in a fixed order (batch invariant)."""
+    """A bf16 linear on specdec._C's kernel (AVX-512 BF16, or AVX2 + FMA): every row alone, in a fixed order (batch
+    invariant)."""
+    impl = "auto"   # class-wide: "avx2" forces the AVX2 path on a CPU that has both (tests run both)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -98,7 +123,8 @@ class Bf16Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in_features] bf16
-        out = self._ext.linear_bf16(x.reshape(-1, self.in_features), self.packed, self.bias, self.out_features)
+        out = self._ext.linear_bf16(x.reshape(-1, self.in_features), self.packed, self.bias, self.out_features,
+                                    BF16_IMPLS[self.impl])
         return out.view(*x.shape[:-1], self.out_features)
 
 

@@ -32,4 +32,15 @@ def available() -> bool:
         return False
 
 
-IMPLS = {"auto": 0, "portable": 1, "avx512": 2}
+IMPLS = {"auto": 0, "portable": 1, "avx512": 2, "avx2": 3}
+
+
+def vector_kernel(bits: int) -> bool:
+    """Whether this CPU runs codes of `bits` on a vector kernel (AVX-512 VNNI: 4, 6, 8; AVX2: 4, 6), not the
+    portable scalar one."""
+    if not available():
+        return False
+    ext = load_kernels()
+    if ext.has_avx512_vnni():
+        return True
+    return bits in (4, 6) and getattr(ext, "has_avx2", lambda: False)()
