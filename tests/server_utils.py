@@ -41,7 +41,9 @@ def running_server(llm, spec, max_queued: int = 16, api_key: str | None = None, 
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.time() + 30
+    # start-up may measure the cost model (method auto on the real pair): ~10 s on an AVX-512 CPU, over 30 s on an
+    # AVX2-only one; the deadline only catches a server that never starts
+    deadline = time.time() + 300
     while not server.started:
         if time.time() > deadline or not thread.is_alive():
             raise RuntimeError("server did not start")
