@@ -42,6 +42,7 @@ SPECDEC_AVX2 void rows_tile(const QWeight& w, const QAct& x, const float* bias, 
     const int64_t ng = w.ngroups(), ns = w.nsuper(), tb = w.tile_bytes(), K = w.k, ngp = x.asum_stride;
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+    const int64_t pf = prefetch_distance();           // the first half's pass asks for the tiles ahead
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t s = 0; s < ns; ++s) {
@@ -50,6 +51,8 @@ SPECDEC_AVX2 void rows_tile(const QWeight& w, const QAct& x, const float* bias, 
         const int64_t g0 = s * w.sb, g1 = std::min(ng, g0 + w.sb);
         for (int64_t g = g0; g < g1; ++g) {
             const uint8_t* tile = w.qw + (cb * ng + g) * tb + 32 * h;   // this half's 32 bytes of each 64-byte chunk
+            if (pf && h == 0)
+                for (int64_t i = 0; i < tb; i += 64) _mm_prefetch(reinterpret_cast<const char*>(tile + pf + i), _MM_HINT_T0);
             // the group scale of each of the 8 columns in both int16 halves of its lane
             const __m256i sc32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w.sc + (cb * ng + g) * 16 + 8 * h)));
             const __m256i vsc2 = _mm256_or_si256(_mm256_and_si256(sc32, low16), _mm256_slli_epi32(sc32, 16));
