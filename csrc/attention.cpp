@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -97,6 +98,85 @@ SPECDEC_AVX512F void attend_avx512(const B* q, const B* kc, const B* vc, int64_t
     const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
     for (int i = 0; i < nv; ++i) vstore(out + 16 * i, _mm512_mul_ps(o[i], inv));
 }
+
+namespace v2 = specdec::avx2;
+
+// The same over 8 lanes (AVX2 + FMA). Each key's score is one product chain over d in order, then a fixed
+// horizontal sum, whether it is computed among four keys or alone; the output is accumulated over keys in order,
+// C registers (8 C values of d) at a time.
+template <typename B>
+SPECDEC_AVX2F inline float score_avx2(const float* qf, const B* kj, int nv) {
+    __m256 acc = _mm256_mul_ps(_mm256_load_ps(qf), v2::vload(kj));
+    for (int i = 1; i < nv; ++i) acc = _mm256_fmadd_ps(_mm256_load_ps(qf + 8 * i), v2::vload(kj + 8 * i), acc);
+    return v2::hsum(acc);
+}
+
+template <typename B, int C>   // out[8c0 .. 8(c0 + C)) = sum_j s[j] v_j / total
+SPECDEC_AVX2F void weighted_values_avx2(const B* vc, int64_t d, int64_t nkeys, KeySlots slot, const float* s,
+                                        __m256 inv, int c0, B* out) {
+    __m256 o[C];
+    for (int i = 0; i < C; ++i) o[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nkeys; ++j) {
+        const __m256 e = _mm256_set1_ps(s[j]);
+        const B* vj = vc + slot(j) * d + 8 * c0;
+#pragma GCC unroll 8
+        for (int i = 0; i < C; ++i) o[i] = _mm256_fmadd_ps(e, v2::vload(vj + 8 * i), o[i]);
+    }
+    for (int i = 0; i < C; ++i) v2::vstore(out + 8 * (c0 + i), _mm256_mul_ps(o[i], inv));
+}
+
+template <typename B>   // B: float or uint16_t (bf16 bits); d a multiple of 8, at most 256
+SPECDEC_AVX2F void attend_avx2(const B* q, const B* kc, const B* vc, int64_t d, int64_t nkeys, KeySlots slot,
+                               float scale, float* s, B* out) {
+    const int nv = int(d / 8);
+    alignas(32) float qf[256];
+    for (int i = 0; i < nv; ++i) _mm256_store_ps(qf + 8 * i, v2::vload(q + 8 * i));
+    int64_t j = 0;
+    for (; j + 4 <= nkeys; j += 4) {   // four independent chains in flight
+        const B *k0 = kc + slot(j) * d, *k1 = kc + slot(j + 1) * d, *k2 = kc + slot(j + 2) * d, *k3 = kc + slot(j + 3) * d;
+        __m256 a0 = _mm256_mul_ps(_mm256_load_ps(qf), v2::vload(k0)), a1 = _mm256_mul_ps(_mm256_load_ps(qf), v2::vload(k1));
+        __m256 a2 = _mm256_mul_ps(_mm256_load_ps(qf), v2::vload(k2)), a3 = _mm256_mul_ps(_mm256_load_ps(qf), v2::vload(k3));
+        for (int i = 1; i < nv; ++i) {
+            const __m256 qi = _mm256_load_ps(qf + 8 * i);
+            a0 = _mm256_fmadd_ps(qi, v2::vload(k0 + 8 * i), a0);
+            a1 = _mm256_fmadd_ps(qi, v2::vload(k1 + 8 * i), a1);
+            a2 = _mm256_fmadd_ps(qi, v2::vload(k2 + 8 * i), a2);
+            a3 = _mm256_fmadd_ps(qi, v2::vload(k3 + 8 * i), a3);
+        }
+        s[j] = v2::hsum(a0) * scale, s[j + 1] = v2::hsum(a1) * scale, s[j + 2] = v2::hsum(a2) * scale, s[j + 3] = v2::hsum(a3) * scale;
+    }
+    for (; j < nkeys; ++j) s[j] = score_avx2(qf, kc + slot(j) * d, nv) * scale;
+    float m = -INFINITY;
+    for (j = 0; j < nkeys; ++j) m = std::max(m, s[j]);
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 vsum = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= nkeys; j += 8) {
+        const __m256 e = v2::vexp(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    if (j < nkeys) {   // the tail through a buffer padded with -inf (e^-inf = 0)
+        alignas(32) float t[8];
+        for (int i = 0; i < 8; ++i) t[i] = j + i < nkeys ? s[j + i] : -INFINITY;
+        const __m256 e = v2::vexp(_mm256_sub_ps(_mm256_load_ps(t), vm));
+        _mm256_store_ps(t, e);
+        for (int i = 0; j + i < nkeys; ++i) s[j + i] = t[i];
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / v2::hsum(vsum));
+    for (int c0 = 0; c0 < nv; c0 += 8) {
+        switch (std::min(8, nv - c0)) {
+            case 8: weighted_values_avx2<B, 8>(vc, d, nkeys, slot, s, inv, c0, out); break;
+            case 7: weighted_values_avx2<B, 7>(vc, d, nkeys, slot, s, inv, c0, out); break;
+            case 6: weighted_values_avx2<B, 6>(vc, d, nkeys, slot, s, inv, c0, out); break;
+            case 5: weighted_values_avx2<B, 5>(vc, d, nkeys, slot, s, inv, c0, out); break;
+            case 4: weighted_values_avx2<B, 4>(vc, d, nkeys, slot, s, inv, c0, out); break;
+            case 3: weighted_values_avx2<B, 3>(vc, d, nkeys, slot, s, inv, c0, out); break;
+            case 2: weighted_values_avx2<B, 2>(vc, d, nkeys, slot, s, inv, c0, out); break;
+            default: weighted_values_avx2<B, 1>(vc, d, nkeys, slot, s, inv, c0, out); break;
+        }
+    }
+}
 #endif
 
 struct DecodeTask {
@@ -108,16 +188,12 @@ struct DecodeTask {
 template <typename T, typename B>
 void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vector<DecodeTask>& tasks,
                       const std::vector<const T*>& kbase, const std::vector<const T*>& vbase,
-                      const std::vector<int64_t>& caps, int64_t hq, int64_t hkv, int64_t d) {
+                      const std::vector<int64_t>& caps, int64_t hq, int64_t hkv, int64_t d, int64_t impl) {
     const T* qp = q.data_ptr<T>();
     T* op = out.data_ptr<T>();
     const int64_t qs0 = q.stride(0), qs1 = q.stride(1), group = hq / hkv;
     const float scale = 1.0f / std::sqrt(float(d));
-#ifdef SPECDEC_HAVE_AVX512
-    const bool vec = specdec::cpu_has_avx512f() && d % 16 == 0 && d <= 256;
-#else
-    const bool vec = false;
-#endif
+    const int path = specdec::ops_path(impl, d % 16 == 0 && d <= 256, d % 8 == 0 && d <= 256, "ragged_attention");
     at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
         std::vector<float> scratch;
         for (int64_t t = t0; t < t1; ++t) {
@@ -129,10 +205,16 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
             const T* vc = vbase[task.seq] + g * cap * d;
             T* o = op + task.row * hq * d + task.head * d;
 #ifdef SPECDEC_HAVE_AVX512
-            if (vec) {
+            if (path == specdec::kOpsAvx512) {
                 attend_avx512<B>(reinterpret_cast<const B*>(qh), reinterpret_cast<const B*>(kc),
                                  reinterpret_cast<const B*>(vc), d, nkeys, task.slots, scale, scratch.data(),
                                  reinterpret_cast<B*>(o));
+                continue;
+            }
+            if (path == specdec::kOpsAvx2) {
+                attend_avx2<B>(reinterpret_cast<const B*>(qh), reinterpret_cast<const B*>(kc),
+                               reinterpret_cast<const B*>(vc), d, nkeys, task.slots, scale, scratch.data(),
+                               reinterpret_cast<B*>(o));
                 continue;
             }
 #endif
@@ -156,7 +238,7 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
                                const std::vector<int64_t>& run_rows, const std::vector<int64_t>& run_keys,
                                const std::vector<c10::optional<torch::Tensor>>& run_masks,
                                const std::vector<bool>& run_decode,
-                               const std::vector<c10::optional<torch::Tensor>>& run_trees) {
+                               const std::vector<c10::optional<torch::Tensor>>& run_trees, int64_t impl) {
     const size_t nseq = starts.size(), nrun = run_seq.size();
     TORCH_CHECK(k_caches.size() == nseq && v_caches.size() == nseq && counts.size() == nseq,
                 "ragged_attention: one cache, start and count per sequence");
@@ -247,7 +329,7 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
                 kb[i] = kcs[i].data_ptr<T>();
                 vb[i] = vcs[i].data_ptr<T>();
             }
-            decode_attention<T, B>(q, out, tasks, kb, vb, caps, hq, kcs[0].size(0), d);
+            decode_attention<T, B>(q, out, tasks, kb, vb, caps, hq, kcs[0].size(0), d, impl);
         });
     }
     return out;
@@ -259,7 +341,12 @@ namespace specdec {
 
 void register_attention(pybind11::module_& m) {
     m.def("ragged_attention", &ragged_attention,
-          "per sequence: write K/V into its cache, attend its rows over its keys; outputs gathered [N, Hq*D]");
+          "per sequence: write K/V into its cache, attend its rows over its keys; outputs gathered [N, Hq*D]",
+          pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("k_caches"),
+          pybind11::arg("v_caches"), pybind11::arg("layer"), pybind11::arg("starts"), pybind11::arg("counts"),
+          pybind11::arg("run_seq"), pybind11::arg("run_row"), pybind11::arg("run_rows"), pybind11::arg("run_keys"),
+          pybind11::arg("run_masks"), pybind11::arg("run_decode"), pybind11::arg("run_trees"),
+          pybind11::arg("impl") = 0);
 }
 
 }  // namespace specdec

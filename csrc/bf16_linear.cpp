@@ -127,13 +127,8 @@ SPECDEC_AVX512BF16 void kernel(const uint16_t* packed, const uint16_t* x, const 
 // rounded to bf16. Nothing depends on the rows' count, tile or thread: batch invariant as the AVX-512 kernel is.
 #define SPECDEC_AVX2 __attribute__((target("avx2,fma")))
 
-bool cpu_has_avx2_fma() {
-    static const bool has = [] {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }();
-    return has;
-}
+// AVX2 with FMA (and F16C): specdec::cpu_has_avx2, the question the AVX2 block kernel asks too
+using specdec::cpu_has_avx2;
 
 constexpr int MAX_TILE2 = 2;     // 2 rows x 4 accumulators + 4 broadcasts + 3 weight registers + 1 mask <= 16 ymm
 
@@ -205,9 +200,9 @@ torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed, c
                           int64_t n, int64_t impl) {
     TORCH_CHECK(impl >= 0 && impl <= 2, "linear_bf16: impl is 0, 1 or 2");
     TORCH_CHECK(impl != 1 || cpu_has_avx512_bf16(), "linear_bf16: this CPU lacks AVX-512 BF16");
-    TORCH_CHECK(impl != 2 || cpu_has_avx2_fma(), "linear_bf16: this CPU lacks AVX2 with FMA");
+    TORCH_CHECK(impl != 2 || cpu_has_avx2(), "linear_bf16: this CPU lacks AVX2 with FMA");
     const bool avx512 = impl == 1 || (impl == 0 && cpu_has_avx512_bf16());
-    TORCH_CHECK(avx512 || cpu_has_avx2_fma(), "linear_bf16: this CPU lacks both AVX-512 BF16 and AVX2 with FMA");
+    TORCH_CHECK(avx512 || cpu_has_avx2(), "linear_bf16: this CPU lacks both AVX-512 BF16 and AVX2 with FMA");
     TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && x.scalar_type() == torch::kBFloat16,
                 "linear_bf16: x must be a 2-D bf16 CPU tensor");
     TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kBFloat16 && packed.is_contiguous() &&
@@ -249,7 +244,7 @@ void register_bf16_linear(pybind11::module_& m) {
           pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias"), pybind11::arg("n"),
           pybind11::arg("impl") = 0);
     m.def("has_avx512_bf16", &cpu_has_avx512_bf16, "the CPU runs the AVX-512 BF16 linear");
-    m.def("has_bf16_linear", []() { return cpu_has_avx512_bf16() || cpu_has_avx2_fma(); },
+    m.def("has_bf16_linear", []() { return cpu_has_avx512_bf16() || cpu_has_avx2(); },
           "the CPU runs linear_bf16 (AVX-512 BF16, else AVX2 + FMA)");
 }
 }  // namespace specdec

@@ -106,5 +106,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("set_prefetch_distance", &specdec::set_prefetch_distance, "bytes of weights prefetched ahead (0 = off)");
     m.def("prefetch_distance", &specdec::prefetch_distance);
     m.def("has_avx512_vnni", &specdec::cpu_has_avx512_vnni, "the CPU runs the AVX-512 VNNI kernel");
-    m.def("has_avx2", &specdec::cpu_has_avx2, "the CPU runs the AVX2 kernel (4- and 6-bit codes)");
+    m.def("has_avx2", &specdec::cpu_has_avx2, "the CPU runs the AVX2 kernel (4-, 6- and 8-bit codes)");
+    m.def("vector_kernel", [](int64_t bits, int64_t group) {   // the dispatch rule of qlinear's impl 0, as a question
+        if (specdec::cpu_has_avx512_vnni()) return true;
+        QWeight w{nullptr, nullptr, nullptr, nullptr, 16, group, int(bits), int(group), 1};
+        return specdec::cpu_has_avx2() && specdec::qlinear_avx2_supports(w);
+    }, "whether qlinear runs codes of this many bits and this group on a vector kernel (not the portable one)",
+          pybind11::arg("bits"), pybind11::arg("group") = 32);
 }

@@ -137,18 +137,55 @@ SPECDEC_AVX512F void silu_mul_avx512(const B* x, B* out, int64_t n, int64_t inte
         }
     }
 }
+
+namespace v2 = specdec::avx2;
+
+template <typename B>   // the same over 8 lanes
+SPECDEC_AVX2F void silu_mul_avx2(const B* x, B* out, int64_t n, int64_t inter) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int64_t r = 0; r < n; ++r) {
+        const B* g = x + r * 2 * inter;
+        const B* u = g + inter;
+        B* o = out + r * inter;
+        for (int64_t i = 0; i < inter; i += 8) {
+            const __m256 gv = v2::vload(g + i);
+            const __m256 sv = v2::round_like(_mm256_div_ps(gv, _mm256_add_ps(one, v2::vexp(_mm256_sub_ps(_mm256_setzero_ps(), gv)))), g);
+            v2::vstore(o + i, _mm256_mul_ps(sv, v2::vload(u + i)));
+        }
+    }
+}
 #endif
 
-torch::Tensor silu_mul(const torch::Tensor& x) {
+}  // namespace
+
+namespace specdec {
+
+int ops_path(int64_t impl, bool width16, bool width8, const char* what) {
+    TORCH_CHECK(impl >= 0 && impl <= 3, what, ": impl is 0 (auto), 1 (scalar), 2 (AVX-512) or 3 (AVX2)");
+#ifdef SPECDEC_HAVE_AVX512
+    const bool has512 = specdec::cpu_has_avx512f(), has2 = specdec::cpu_has_avx2();
+#else
+    const bool has512 = false, has2 = false;
+#endif
+    TORCH_CHECK(impl != specdec::kOpsAvx512 || has512, what, ": this CPU lacks AVX-512");
+    TORCH_CHECK(impl != specdec::kOpsAvx2 || has2, what, ": this CPU lacks AVX2 with FMA");
+    if (impl == specdec::kOpsAuto) impl = has512 && width16 ? specdec::kOpsAvx512 : has2 && width8 ? specdec::kOpsAvx2 : specdec::kOpsScalar;
+    if ((impl == specdec::kOpsAvx512 && !width16) || (impl == specdec::kOpsAvx2 && !width8)) impl = specdec::kOpsScalar;
+    return int(impl);
+}
+
+}  // namespace specdec
+
+namespace {
+
+using specdec::ops_path;
+
+torch::Tensor silu_mul(const torch::Tensor& x, int64_t impl) {
     TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0,
                 "silu_mul: x must be a contiguous 2-D CPU tensor [N, 2 * intermediate]");
     const int64_t n = x.size(0), inter = x.size(1) / 2;
     auto out = torch::empty({n, inter}, x.options());
-#ifdef SPECDEC_HAVE_AVX512
-    const bool vec = specdec::cpu_has_avx512f() && inter % 16 == 0;
-#else
-    const bool vec = false;
-#endif
+    const int path = ops_path(impl, inter % 16 == 0, inter % 8 == 0, "silu_mul");
     specdec::dispatch_float_bf16(x.scalar_type(), "silu_mul", [&](auto* tag, auto* bits) {
         using T = std::remove_pointer_t<decltype(tag)>;
         using B = std::remove_pointer_t<decltype(bits)>;
@@ -156,9 +193,14 @@ torch::Tensor silu_mul(const torch::Tensor& x) {
         T* op = out.data_ptr<T>();
         at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
 #ifdef SPECDEC_HAVE_AVX512
-            if (vec) {
+            if (path == specdec::kOpsAvx512) {
                 silu_mul_avx512<B>(reinterpret_cast<const B*>(xp + r0 * 2 * inter), reinterpret_cast<B*>(op + r0 * inter),
                                    r1 - r0, inter);
+                return;
+            }
+            if (path == specdec::kOpsAvx2) {
+                silu_mul_avx2<B>(reinterpret_cast<const B*>(xp + r0 * 2 * inter), reinterpret_cast<B*>(op + r0 * inter),
+                                 r1 - r0, inter);
                 return;
             }
 #endif
@@ -175,7 +217,12 @@ namespace specdec {
 void register_ops(pybind11::module_& m) {
     m.def("rms_norm", &rms_norm, "w * x / rms(x) per row; with residual: residual += x first (in place), normalised",
           pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("eps"), pybind11::arg("residual") = pybind11::none());
-    m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused [gate | up] row", pybind11::arg("x"));
+    m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused [gate | up] row", pybind11::arg("x"),
+          pybind11::arg("impl") = 0);
+    m.def("ops_path", [](int64_t impl, bool width16, bool width8) { return ops_path(impl, width16, width8, "ops_path"); },
+          "the path (1 scalar, 2 AVX-512, 3 AVX2) silu_mul and ragged_attention take for impl (0 auto), given whether "
+          "the data fit 16- and 8-lane vectors", pybind11::arg("impl"), pybind11::arg("width16") = true,
+          pybind11::arg("width8") = true);
     m.def("rope_", &rope_, "rotary embedding of the q and k heads of a fused qkv row, in place", pybind11::arg("qkv"),
           pybind11::arg("positions"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("num_heads"),
           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"));

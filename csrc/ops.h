@@ -16,6 +16,11 @@ void dispatch_float_bf16(at::ScalarType dtype, const char* what, F&& fn) {
         TORCH_CHECK(false, what, ": float32 or bfloat16, got ", dtype);
 }
 
+// The path silu_mul and ragged_attention take (an OpsImpl of vec_math.h): for impl 0 the best this CPU runs, else
+// the one asked for (an error if the CPU lacks it); scalar when the data do not fit that path's vectors
+// (width16: a multiple of 16 lanes, width8: of 8).
+int ops_path(int64_t impl, bool width16, bool width8, const char* what);
+
 void register_ops(pybind11::module_& m);
 void register_attention(pybind11::module_& m);   // attention.cpp
 void register_bf16_linear(pybind11::module_& m);   // bf16_linear.cpp

@@ -4,9 +4,11 @@
 //
 // AVX2 has no 4-way int8 dot product. vpmaddubsw multiplies unsigned codes by signed int8 activations and adds
 // neighbouring pairs into int16 (exact while |pair| <= 32767: 4-bit codes give <= 2 * 15 * 127 = 3810, 6-bit
-// 16002; 8-bit codes would saturate, so they stay on the portable kernel). For 4-bit codes the pairs of a
-// whole group of 32 are summed in int16 (<= 8 * 3810 = 30480) and scaled by the group's sc in one vpmaddwd;
-// 6-bit pairs of two k-slices are summed (<= 32004) and scaled into int32 at once. A ymm holds 8 columns x 4 k, so a 16-column tile is done as two
+// 16002). For 4-bit codes the pairs of a whole group of 32 are summed in int16 (<= 8 * 3810 = 30480) and scaled
+// by the group's sc in one vpmaddwd; 6-bit pairs of two k-slices are summed (<= 32004) and scaled into int32 at
+// once. 8-bit codes (up to 255) would saturate a pair, so they are recentred, c = code - 128 in -128..127, and
+// multiplied as |c| (unsigned, <= 128) times the activation with c's sign (vpsignb): a pair is then at most
+// 2 * 128 * 127 = 32512, and <code, a> = <c, a> + 128 * asum, asum being the group's activation sum. A ymm holds 8 columns x 4 k, so a 16-column tile is done as two
 // halves of 8 columns; the unpacked 4 k x 8 columns register is reused by every row of the call.
 #include <algorithm>
 
@@ -59,6 +61,24 @@ SPECDEC_AVX2 void rows_tile(const QWeight& w, const QAct& x, const float* bias, 
             __m256i d16[R];
 #pragma GCC unroll 8
             for (int r = 0; r < R; ++r) d16[r] = _mm256_setzero_si256();
+            if constexpr (BITS == 8) {
+                const __m256i top = _mm256_set1_epi8(char(0x80));
+#pragma GCC unroll 8
+                for (int j = 0; j < NREG; ++j) {       // chunk j: k 4j..4j+3, one byte a code
+                    const __m256i c = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(tile + 64 * j)), top);
+                    const __m256i mag = _mm256_abs_epi8(c);   // |code - 128|: 128 reads as 128 unsigned
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) {
+                        const __m256i p = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(bcast4(x.a + (r0 + r) * K + g * GROUP + 4 * j), c));
+                        S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(p, vsc2));
+                    }
+                }
+                // + sc * 128 * asum_g: the sc lanes (sc, 0) against the int16 pair (asum_g, asum_g+1)
+                const __m256i sc_lo = _mm256_and_si256(sc32, low16);
+                for (int r = 0; r < R; ++r)
+                    S[r] = _mm256_add_epi32(S[r], _mm256_slli_epi32(_mm256_madd_epi16(sc_lo, bcast4(x.asum + (r0 + r) * ngp + g)), 7));
+                continue;
+            }
 #pragma GCC unroll 8
             for (int i = 0; i < NREG / 2; ++i) {        // chunk i: k 8i..8i+3 (low nibbles), 8i+4..8i+7 (high)
                 const __m256i b = _mm256_loadu_si256((const __m256i*)(tile + 64 * i));
@@ -141,14 +161,18 @@ SPECDEC_AVX2 void kernel(const QWeight& w, const QAct& x, const float* bias, flo
 
 }  // namespace
 
-bool qlinear_avx2_supports(const QWeight& w) { return (w.bits == 4 || w.bits == 6) && w.group % 8 == 0; }
+bool qlinear_avx2_supports(const QWeight& w) {
+    return (w.bits == 4 || w.bits == 6 || w.bits == 8) && (w.group == 16 || w.group == 32);
+}
 
 void qlinear_avx2(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
     if (w.bits == 4 && w.group == 32) return kernel<4, 32>(w, x, bias, out, cb0, cb1);
     if (w.bits == 4 && w.group == 16) return kernel<4, 16>(w, x, bias, out, cb0, cb1);
     if (w.bits == 6 && w.group == 16) return kernel<6, 16>(w, x, bias, out, cb0, cb1);
     if (w.bits == 6 && w.group == 32) return kernel<6, 32>(w, x, bias, out, cb0, cb1);
-    qlinear_portable(w, x, bias, out, cb0, cb1);   // 8-bit codes: vpmaddubsw would saturate
+    if (w.bits == 8 && w.group == 32) return kernel<8, 32>(w, x, bias, out, cb0, cb1);
+    if (w.bits == 8 && w.group == 16) return kernel<8, 16>(w, x, bias, out, cb0, cb1);
+    qlinear_portable(w, x, bias, out, cb0, cb1);
 }
 
 }  // namespace specdec

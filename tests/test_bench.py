@@ -31,3 +31,12 @@ def test_bench_step_splits_a_decode_step_into_its_parts(tiny_dirs):
     # the wrappers are gone afterwards, and the engine holds nothing of the measurement
     assert cpu_ops.ragged_attention is before and "forward" not in llm.target.model.lm_head.__dict__
     assert not llm.engine.has_unfinished()
+    # the compiled attention/SiLU path can be chosen (an A/B of the vector kernels against the scalar ones)
+    called = []
+    real = cpu_ops.silu_mul
+    cpu_ops.silu_mul = lambda *a, **kw: called.append(kw.get("impl")) or real(*a, **kw)
+    try:
+        assert measure(llm, 1, 2, ops_impl="scalar")["ops_impl"] == "scalar"
+    finally:
+        cpu_ops.silu_mul = real
+    assert called[-1] == "scalar" and set(called) <= {None, "scalar"}     # None: the prefill, before the timing

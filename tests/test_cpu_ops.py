@@ -143,9 +143,23 @@ def _decode_caches(dtype, cached, seed=30, layers=2, hkv=2, d=128, capacity=256)
     return kv
 
 
+PATHS = cpu_ops.ops_paths()      # the compiled paths this CPU runs: scalar, and avx512 / avx2 where present
+
+
+def test_ops_paths_follow_the_cpu():
+    assert PATHS[0] == "scalar" and set(PATHS) <= {"scalar", "avx512", "avx2"}
+    assert ("avx2" in PATHS) == ext.has_avx2()
+    auto = {2: "avx512", 3: "avx2", 1: "scalar"}[ext.ops_path(0)]
+    assert auto == ("avx512" if "avx512" in PATHS else "avx2" if "avx2" in PATHS else "scalar")
+    assert {2: "avx512", 3: "avx2", 1: "scalar"}[ext.ops_path(0, False, False)] == "scalar"   # no vector fits
+    with pytest.raises(RuntimeError, match="impl is 0"):
+        ext.ops_path(7)
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", [128, 16, 24])          # 24: not a multiple of 16, the scalar kernel
-def test_decode_rows_match_aten_attention(dtype, d):
+@pytest.mark.parametrize("d", [128, 16, 24, 20])      # 24: AVX2's 8 lanes only; 20: no vector width, scalar
+def test_decode_rows_match_aten_attention(dtype, d, path):
     hq, hkv = 6, 2
     cached, t = 70, 9
     q, k, v = (_rand(t, h, d, dtype=dtype, seed=s) for h, s in ((hq, 40), (hkv, 41), (hkv, 42)))
@@ -154,34 +168,54 @@ def test_decode_rows_match_aten_attention(dtype, d):
         kv = _decode_caches(dtype, cached, hkv=hkv, d=d)
         attn = causal_metadata([(kv, cached, t, decode)], 6 if dtype == torch.bfloat16 else 1,
                                64 if dtype == torch.bfloat16 else 1)
-        outs.append(cpu_ops.ragged_attention(q, k, v, attn, 1))
+        outs.append(cpu_ops.ragged_attention(q, k, v, attn, 1, impl=path))
     tol = dict(atol=2e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(outs[0], outs[1], **tol)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_rows_are_the_same_alone_or_verified_together(dtype):
+def test_decode_rows_are_the_same_alone_or_verified_together(dtype, path):
     """A one-token step at position p and row p of a 9-row verification give the same bits: the row attends over
     exactly keys 0..p in the same order (no key padding, whatever the block boundaries)."""
     hq, hkv, d, t = 12, 2, 128, 9
     for cached in (5, 60, 63, 120):
         q, k, v = (_rand(t, h, d, dtype=dtype, seed=s + cached) for h, s in ((hq, 50), (hkv, 51), (hkv, 52)))
         kv = _decode_caches(dtype, cached)
-        together = cpu_ops.ragged_attention(q, k, v, causal_metadata([(kv, cached, t, True)], 6, 64), 0)
+        together = cpu_ops.ragged_attention(q, k, v, causal_metadata([(kv, cached, t, True)], 6, 64), 0, impl=path)
         kv = _decode_caches(dtype, cached)
         for i in range(t):
             alone = cpu_ops.ragged_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1],
-                                             causal_metadata([(kv, cached + i, 1, True)], 6, 64), 0)
+                                             causal_metadata([(kv, cached + i, 1, True)], 6, 64), 0, impl=path)
             assert torch.equal(alone, together[i:i + 1]), (cached, i)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("inter", [256, 40])            # 40: not a multiple of 16, the scalar kernel
-def test_silu_mul_matches_eager(dtype, inter):
+@pytest.mark.parametrize("inter", [256, 40, 36])        # 40: AVX2's 8 lanes only; 36: no vector width, scalar
+def test_silu_mul_matches_eager(dtype, inter, path):
     x = _rand(7, 2 * inter, dtype=dtype, seed=60, scale=4)
     x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])      # far tails: silu(-100) = -0, silu(100) = 100
-    fused, eager = cpu_ops.silu_mul(x), cpu_ops.silu_mul(x, fused=False)
+    x[1, :3] = torch.tensor([-88.0, -87.0, 89.0])            # around the vector exp's clamps
+    fused, eager = cpu_ops.silu_mul(x, impl=path), cpu_ops.silu_mul(x, fused=False)
     assert fused.shape == (7, inter) and fused.dtype == dtype
     tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-2, rtol=2 ** -7)
     torch.testing.assert_close(fused, eager, **tol)
-    assert torch.equal(cpu_ops.silu_mul(x[3:4].clone()), fused[3:4])        # rows are independent
+    assert torch.equal(cpu_ops.silu_mul(x[3:4].clone(), impl=path), fused[3:4])        # rows are independent
+
+
+def test_vector_paths_agree_closely():
+    """Where a CPU has more than one vector path (AVX-512 machines run AVX2 too), they compute the same function:
+    attention and SiLU within an fp32 rounding or two of each other."""
+    x = _rand(5, 2 * 256, dtype=torch.float32, seed=61, scale=4)
+    outs = [cpu_ops.silu_mul(x, impl=p) for p in PATHS]
+    for o in outs[1:]:
+        torch.testing.assert_close(o, outs[0], atol=1e-6, rtol=1e-6)
+    hq, hkv, d, t, cached = 12, 2, 128, 4, 90
+    q, k, v = (_rand(t, h, d, dtype=torch.float32, seed=s) for h, s in ((hq, 70), (hkv, 71), (hkv, 72)))
+    att = []
+    for p in PATHS:
+        kv = _decode_caches(torch.float32, cached)
+        att.append(cpu_ops.ragged_attention(q, k, v, causal_metadata([(kv, cached, t, True)], 1, 1), 0, impl=p))
+    for o in att[1:]:
+        torch.testing.assert_close(o, att[0], atol=2e-6, rtol=1e-5)

@@ -1,8 +1,9 @@
 """int4 block kernels and the quantization layer: accuracy against a float reference, exact batch
-invariance, GGUF blocks kept without loss, portable == AVX-512, and the error when the kernels are missing.
+invariance, GGUF blocks kept without loss, portable == AVX-512 == AVX2, and the error when the kernels are missing.
 No timing assertions (see `python -m specdec.bench.kernels` for speed)."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from types import SimpleNamespace
 
@@ -93,16 +94,25 @@ def test_portable_kernel_equals_avx512(fmt):
 
 
 @pytest.mark.skipif(not ext.has_avx2(), reason="this CPU has no AVX2 kernel to compare against")
-@pytest.mark.parametrize("fmt", [f for f in FORMATS if f[0] in (4, 6)])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_portable_kernel_equals_avx2(fmt):
-    """The AVX2 kernel (4- and 6-bit codes) gives the portable kernel's bits, any row count (tiles of up to 4)."""
+    """The AVX2 kernel (4-, 6- and 8-bit codes) gives the portable kernel's bits, any row count (tiles of up to 4),
+    up to the largest products: every activation at +-127 against the extreme codes (8-bit: |code - 128| = 128)."""
     lin, _, _ = _linear(fmt=fmt)
     x = torch.randn(19, 896)
     assert torch.equal(_run(lin, x, "portable"), _run(lin, x, "avx2"))
-    lin = BlockQuantLinear(pack(_random_codes(*fmt)), torch.randn(80))
+    codes = _random_codes(*fmt)
+    lin = BlockQuantLinear(pack(codes), torch.randn(80))
     for m in (1, 2, 3, 5, 19):
         assert torch.equal(_run(lin, x[:m], "portable"), _run(lin, x[:m], "avx2")), m
     assert torch.equal(_run(lin, x.bfloat16(), "portable"), _run(lin, x.bfloat16(), "avx2"))
+    signs = torch.where(x > 0, 1.0, -1.0)                          # every activation code is +-127
+    for q in (0, (1 << fmt[0]) - 1):
+        edge = BlockQuantLinear(pack(dataclasses.replace(codes, q=torch.full_like(codes.q, q))), None)
+        ref = signs @ dequantize(dataclasses.replace(codes, q=torch.full_like(codes.q, q))).T
+        out = _run(edge, signs, "avx2")
+        assert torch.equal(out, _run(edge, signs, "portable")), q
+        assert ((out - ref).norm() / ref.norm()) < 1e-3, q         # no saturated sum: the exact product
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

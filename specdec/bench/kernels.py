@@ -9,7 +9,8 @@ M-row forward in one-row forwards: what speculation must beat.
 Methods: bf16 (oneDNN packed, rows padded to 6; its bf16 path needs AVX-512), bf16-ours (specdec._C's bf16 kernel,
 the default for bf16: AVX-512 BF16, else AVX2 + FMA), aten-int4 (`_weight_int4pack_mm_for_cpu`, group 32),
 aten-int8 (`_weight_int8pack_mm`, per channel), ours (specdec._C, 4-bit group 32 as built from Q4_K),
-ours-q6 (the same kernel on 6-bit codes in 16-k groups: how the GGUF's Q6_K tensors are held exactly), ours-portable
+ours-q6 (the same kernel on 6-bit codes in 16-k groups: how the GGUF's Q6_K tensors are held exactly), ours-q8
+(8-bit codes in 32-k groups, one scale each: Q8_0's shape, and the heads' int8 blocks), ours-portable
 (`ours` on the scalar kernel). `ours` runs the AVX-512 VNNI kernel where the CPU has it, else the AVX2 one.
 """
 from __future__ import annotations
@@ -80,6 +81,7 @@ METHODS = {
     "aten-int8": _aten_int8,
     "ours": _ours,
     "ours-q6": lambda n, k: _ours(n, k, bits=6, group=16, sb=16),
+    "ours-q8": lambda n, k: _ours(n, k, bits=8, group=32, sb=1),
     "ours-portable": _ours_portable,
 }
 

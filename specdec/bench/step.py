@@ -8,10 +8,12 @@ microseconds per call.
 
     python -m specdec.bench.step --quantization int4 --seqs 1
     python -m specdec.bench.step --quantization none --seqs 1,8
+    python -m specdec.bench.step --quantization int4 --ops-impl scalar,auto   # attention and SiLU: scalar vs vector
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections import defaultdict
@@ -37,8 +39,9 @@ def _timer(fn, key: str, acc: dict):
 
 
 @contextmanager
-def _timed(model: nn.Module, acc: dict):
-    """Wrap the model's linears (the head apart) and the compiled layer steps so that each adds its time to acc."""
+def _timed(model: nn.Module, acc: dict, ops_impl: str = "auto"):
+    """Wrap the model's linears (the head apart) and the compiled layer steps so that each adds its time to acc;
+    attention and SiLU run on the compiled path `ops_impl` (cpu_ops.OPS_IMPLS)."""
     from ..models import cpu_ops
 
     head = model.lm_head
@@ -50,7 +53,8 @@ def _timed(model: nn.Module, acc: dict):
         undo.append(lambda m=mod: m.__dict__.pop("forward", None))
     for fn in (*ELEMENTWISE, "ragged_attention"):
         orig = getattr(cpu_ops, fn)
-        setattr(cpu_ops, fn, _timer(orig, "attention" if fn == "ragged_attention" else "norms, rotary, SiLU", acc))
+        call = orig if fn not in ("ragged_attention", "silu_mul") else functools.partial(orig, impl=ops_impl)
+        setattr(cpu_ops, fn, _timer(call, "attention" if fn == "ragged_attention" else "norms, rotary, SiLU", acc))
         undo.append(lambda fn=fn, orig=orig: setattr(cpu_ops, fn, orig))
     try:
         yield
@@ -59,7 +63,7 @@ def _timed(model: nn.Module, acc: dict):
             u()
 
 
-def measure(llm, seqs: int, steps: int) -> dict:
+def measure(llm, seqs: int, steps: int, ops_impl: str = "auto") -> dict:
     """Median ms of a plain decode step with `seqs` sequences, and the mean ms per step of each part."""
     eng = llm.engine
     params = SamplingParams(max_tokens=steps + 64, temperature=0.0)
@@ -74,7 +78,7 @@ def measure(llm, seqs: int, steps: int) -> dict:
         for _ in range(3):
             eng.step()
         times, acc = [], defaultdict(float)
-        with _timed(llm.target.model, acc):
+        with _timed(llm.target.model, acc, ops_impl):
             for _ in range(steps):
                 t = time.perf_counter()
                 eng.step()
@@ -82,7 +86,7 @@ def measure(llm, seqs: int, steps: int) -> dict:
         total = sum(times)
         parts = {k: v / steps * 1e3 for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
         parts["rest"] = (total - sum(acc.values())) / steps * 1e3
-        return {"seqs": seqs, "step_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3, "parts_ms": parts}
+        return {"seqs": seqs, "ops_impl": ops_impl, "step_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3, "parts_ms": parts}
     finally:
         for rid in ids:
             eng.abort(rid)
@@ -95,11 +99,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quantization", default="none", choices=["none", "int8", "int4"])
     ap.add_argument("--seqs", default="1", help="comma list: sequences decoding together (one row each per step)")
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--ops-impl", default="auto",
+                    help="comma list of the compiled attention/SiLU paths to time: auto, scalar, avx512, avx2")
     args = ap.parse_args(argv)
+    from ..models import cpu_ops
+
+    impls = args.ops_impl.split(",")
+    unknown = [i for i in impls if i not in cpu_ops.OPS_IMPLS]
+    if unknown:
+        raise SystemExit(f"--ops-impl: unknown {unknown}; choose from {', '.join(cpu_ops.OPS_IMPLS)}")
     llm = LLM(quantization=args.quantization, progress=False, speculative=SpeculativeConfig(method="none"))
-    for n in (int(v) for v in args.seqs.split(",")):
-        r = measure(llm, n, args.steps)
-        print(f"{n} sequence(s): step median {r['step_ms']:.1f} ms (min {r['min_ms']:.1f}); per step: "
+    for n, impl in ((int(v), i) for v in args.seqs.split(",") for i in impls):
+        r = measure(llm, n, args.steps, impl)
+        print(f"{n} sequence(s), ops {impl}: step median {r['step_ms']:.1f} ms (min {r['min_ms']:.1f}); per step: "
               + ", ".join(f"{k} {v:.1f} ms" for k, v in r["parts_ms"].items()), flush=True)
 
 

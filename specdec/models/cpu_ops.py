@@ -37,6 +37,25 @@ def fused_available(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype in _FUSED_DTYPES and _ops() is not None
 
 
+# The `impl` of silu_mul and ragged_attention: which compiled path runs (auto: the best this CPU has).
+OPS_IMPLS = {"auto": 0, "scalar": 1, "avx512": 2, "avx2": 3}
+
+
+def ops_paths() -> list[str]:
+    """The compiled paths this CPU runs (scalar always), for tests and reports; [] without the extension."""
+    ext = _ops()
+    if ext is None:
+        return []
+    paths = []
+    for name in ("scalar", "avx512", "avx2"):
+        try:
+            ext.ops_path(OPS_IMPLS[name])
+        except RuntimeError:
+            continue
+        paths.append(name)
+    return paths
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
              fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual: [N, hidden] -> (weight * norm(h), h) with h = x + residual (or x when residual is None).
@@ -55,10 +74,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return weight * x32.to(x.dtype), x
 
 
-def silu_mul(gate_up: torch.Tensor, fused: bool = True) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, fused: bool = True, impl: str = "auto") -> torch.Tensor:
     """gate_up: [N, 2I] (gate, then up) -> silu(gate) * up  # [N, I]"""
     if fused and fused_available(gate_up):
-        return _ops().silu_mul(gate_up.contiguous())
+        return _ops().silu_mul(gate_up.contiguous(), OPS_IMPLS[impl])
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -90,13 +109,13 @@ def rope_qkv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
 
 
 def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: AttnMetadata, layer: int,
-                     fused: bool = True) -> torch.Tensor:
+                     fused: bool = True, impl: str = "auto") -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq*D]: each sequence writes its new K/V into its cache and each run of
     its rows attends over its own keys only (a row never depends on its neighbours). The compiled version runs
     the same ATen attention kernel with the same arguments, looping in C++."""
     if fused and fused_available(q):
         lists = attn.per_seq_lists
-        return _ops().ragged_attention(q, k, v, lists[0], lists[1], layer, *lists[2:])
+        return _ops().ragged_attention(q, k, v, lists[0], lists[1], layer, *lists[2:], impl=OPS_IMPLS[impl])
     num_heads, head_dim = q.shape[1], q.shape[2]
     out = q.new_empty(q.shape[0], num_heads * head_dim)
     for s in attn.seqs:

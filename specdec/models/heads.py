@@ -256,9 +256,9 @@ def _unblockable_linears(module: nn.Module) -> list[str]:
 
 
 def default_head_quantization(module: nn.Module) -> str:
-    """int8 blocks where specdec._C runs 8-bit codes on a vector kernel (AVX-512 VNNI; a bf16 head on CPU whose
-    linears' inputs come in whole 32-wide groups), else the runtime dtype (on an AVX2-only CPU 8-bit codes would run
-    on the scalar kernel, slower than the bf16 one)."""
+    """int8 blocks where specdec._C runs 8-bit codes on a vector kernel (AVX-512 VNNI or AVX2; a bf16 head on CPU
+    whose linears' inputs come in whole 32-wide groups), else the runtime dtype (8-bit codes on the portable scalar
+    kernel would be slower than the bf16 linears)."""
     from .quantization.kernels import vector_kernel
 
     w = next(module.parameters())

@@ -35,12 +35,7 @@ def available() -> bool:
 IMPLS = {"auto": 0, "portable": 1, "avx512": 2, "avx2": 3}
 
 
-def vector_kernel(bits: int) -> bool:
-    """Whether this CPU runs codes of `bits` on a vector kernel (AVX-512 VNNI: 4, 6, 8; AVX2: 4, 6), not the
-    portable scalar one."""
-    if not available():
-        return False
-    ext = load_kernels()
-    if ext.has_avx512_vnni():
-        return True
-    return bits in (4, 6) and getattr(ext, "has_avx2", lambda: False)()
+def vector_kernel(bits: int, group: int = 32) -> bool:
+    """Whether this CPU runs codes of `bits` in groups of `group` on a vector kernel (AVX-512 VNNI or AVX2), not
+    the portable scalar one: the compiled dispatch rule, asked."""
+    return available() and bool(load_kernels().vector_kernel(bits, group))
