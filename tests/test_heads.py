@@ -125,8 +125,8 @@ def test_quantized_heads_guess_as_the_float_head_does_and_keep_parity(tiny_model
     for method in ("eagle3", "medusa"):
         seq = _run(engine, ids, method, 3)
         assert seq.output_ids == base and seq.stats.draft_tokens > 0, method
-    # the default: int8 for a bf16 head on a CPU that runs 8-bit codes on a vector kernel (AVX-512 VNNI), the
-    # runtime dtype for fp32 heads and on AVX2-only CPUs
+    # the default: int8 for a bf16 head on a CPU that runs 8-bit codes on a vector kernel (AVX-512 VNNI or AVX2),
+    # the runtime dtype for fp32 heads and where only the portable kernel runs
     from specdec.models.quantization.kernels import vector_kernel
 
     assert default_head_quantization(heads["medusa"]) == "none"
@@ -523,3 +523,18 @@ def test_eagle1_heads_load_from_the_authors_layout_and_keep_parity(tiny_models, 
     save_head(_eagle3(target.model), "eagle3", tmp_path / "e3")
     with pytest.raises(SpecDecError, match="is a eagle3 head, not eagle"):
         load_head(tmp_path / "e3", target.model, torch.float32, method="eagle")
+
+
+def test_bench_heads_times_each_head_per_scheme(tiny_dirs, heads):
+    """`python -m specdec.bench.heads`: every (head, scheme) timed as the engine drives it, the target's forward
+    beside; the int8 scheme really packs the head's linears."""
+    from specdec import LLM
+    from specdec.bench.heads import measure
+
+    llm = LLM(target=str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False,
+              speculative=SpeculativeConfig(method="none"))
+    r = measure(llm, {"eagle3": str(heads["dir"] / "e3"), "medusa": str(heads["dir"] / "med")}, ["none", "int8"],
+                context=16, rounds=1, repeats=1)
+    assert set(r["heads"]) == {(m, q) for m in ("eagle3", "medusa") for q in ("none", "int8")}
+    assert r["target_s"] > 0 and all(first > 0 and further >= 0 for first, further in r["heads"].values())
+    assert {q for (_, q), run in r["packed"].items() if run == q} == {"none", "int8"}

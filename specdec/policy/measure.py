@@ -10,7 +10,7 @@ import torch
 from .cost_model import CostModel
 
 
-def _forward_times(model, ns: list[int], context: int, repeats: int) -> dict[int, float]:
+def forward_times(model, ns: list[int], context: int, repeats: int) -> dict[int, float]:
     """Seconds of one forward over n new tokens after `context` cached ones, for each n in ns: the minimum over
     `repeats` rounds, each round timing every n once (interleaved, so a burst of load from elsewhere on a shared
     machine spoils one sample of many n rather than every sample of one n; the minimum is the quiet machine)."""
@@ -47,7 +47,7 @@ def large_row_points(k_max: int, max_rows: int) -> list[int]:
     return sorted(set(pts))
 
 
-def _head_times(proposer, hidden_size: int, vocab: int, dtype, device, context: int, k: int,
+def head_times(proposer, hidden_size: int, vocab: int, dtype, device, context: int, k: int,
                 repeats: int) -> tuple[float, float]:
     """Seconds a learned head's proposer takes for its first draft token and for each further one, as the engine
     drives it: the target's states of the newest row handed over, then one proposal, after `context` rows."""
@@ -86,14 +86,14 @@ def measure_cost_model(target, draft=None, lookup=None, k_max: int = 8, context:
     / target step.
     """
     small = list(range(1, k_max + 2))
-    t = _forward_times(target, small, context, repeats)
+    t = forward_times(target, small, context, repeats)
     verify = [t[n] / t[1] for n in small]
     big = large_row_points(k_max, max_rows)
-    large = [[n, x / t[1]] for n, x in _forward_times(target, big, context, max(2, repeats // 2)).items()] if big else []
-    c = _forward_times(draft, [1], context, repeats)[1] / t[1] if draft is not None else float("inf")
+    large = [[n, x / t[1]] for n, x in forward_times(target, big, context, max(2, repeats // 2)).items()] if big else []
+    c = forward_times(draft, [1], context, repeats)[1] / t[1] if draft is not None else float("inf")
     cost = _lookup_time(lookup, context) / t[1] if lookup is not None else 0.0
     w = target.embed_tokens.weight
-    head_cost = {m: [x / t[1] for x in _head_times(p, target.config.hidden_size, w.shape[0], w.dtype, w.device,
+    head_cost = {m: [x / t[1] for x in head_times(p, target.config.hidden_size, w.shape[0], w.dtype, w.device,
                                                     context, min(k_max, 4), repeats)]
                  for m, p in (heads or {}).items()}
     return CostModel(draft_step=c, verify=verify, verify_large=large, lookup=cost, target_step_s=t[1],
