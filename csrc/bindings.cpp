@@ -10,6 +10,13 @@ namespace {
 using specdec::QAct;
 using specdec::QWeight;
 
+// The kernel qlinear's impl 0 runs for a weight: AVX-512 VNNI where the CPU has it, else AVX2 where it runs the
+// format, else the portable one (as impl: 1 portable, 2 AVX-512, 3 AVX2).
+int64_t auto_impl(const QWeight& w) {
+    if (specdec::cpu_has_avx512_vnni()) return 2;
+    return specdec::cpu_has_avx2() && specdec::qlinear_avx2_supports(w) ? 3 : 1;
+}
+
 // Returns [m, n] in x's dtype when that is bf16, else fp32.
 // impl: 0 = best for this CPU, 1 = portable, 2 = AVX-512 VNNI, 3 = AVX2 (2 and 3: an error on a CPU without it)
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tensor& sc,
@@ -28,10 +35,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
     const int64_t ns = (ng + sb - 1) / sb;
     TORCH_CHECK(sc.numel() == nb * ng * 16 && mn.numel() == nb * ng * 16 && dm.numel() == nb * ns * 32,
                 "qlinear: scale tensors do not match the weight");
-    const bool avx = specdec::cpu_has_avx512_vnni();
-    TORCH_CHECK(impl != 2 || avx, "qlinear: this CPU lacks AVX-512 VNNI");
+    TORCH_CHECK(impl != 2 || specdec::cpu_has_avx512_vnni(), "qlinear: this CPU lacks AVX-512 VNNI");
     TORCH_CHECK(impl != 3 || specdec::cpu_has_avx2(), "qlinear: this CPU lacks AVX2, FMA or F16C");
-    const bool use_avx = avx && (impl == 0 || impl == 2);
 
     // bf16 and fp32 inputs are read as they are (bf16 -> fp32 is exact); other dtypes convert to fp32
     const torch::Tensor xf = x.scalar_type() == torch::kBFloat16 ? x.contiguous() : x.to(torch::kFloat32).contiguous();
@@ -50,7 +55,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
     }
     QWeight w{qw.data_ptr<uint8_t>(), sc.data_ptr<int8_t>(), mn.data_ptr<int8_t>(),
               reinterpret_cast<const uint16_t*>(dm.data_ptr<at::Half>()), n, k, int(bits), int(group), int(sb)};
-    const bool use_avx2 = impl == 3 || (impl == 0 && !avx && specdec::cpu_has_avx2() && specdec::qlinear_avx2_supports(w));
+    const int64_t path = impl == 0 ? auto_impl(w) : impl;
+    const bool use_avx = path == 2, use_avx2 = path == 3;
     {
         pybind11::gil_scoped_release no_gil;
         const void* xp = xf.data_ptr();
@@ -107,10 +113,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("prefetch_distance", &specdec::prefetch_distance);
     m.def("has_avx512_vnni", &specdec::cpu_has_avx512_vnni, "the CPU runs the AVX-512 VNNI kernel");
     m.def("has_avx2", &specdec::cpu_has_avx2, "the CPU runs the AVX2 kernel (4-, 6- and 8-bit codes)");
-    m.def("vector_kernel", [](int64_t bits, int64_t group) {   // the dispatch rule of qlinear's impl 0, as a question
-        if (specdec::cpu_has_avx512_vnni()) return true;
-        QWeight w{nullptr, nullptr, nullptr, nullptr, 16, group, int(bits), int(group), 1};
-        return specdec::cpu_has_avx2() && specdec::qlinear_avx2_supports(w);
+    m.def("vector_kernel", [](int64_t bits, int64_t group) {   // qlinear's impl 0 rule, asked of a format
+        return auto_impl(QWeight{nullptr, nullptr, nullptr, nullptr, 16, group, int(bits), int(group), 1}) != 1;
     }, "whether qlinear runs codes of this many bits and this group on a vector kernel (not the portable one)",
           pybind11::arg("bits"), pybind11::arg("group") = 32);
 }

@@ -58,9 +58,6 @@ SPECDEC_AVX2 void rows_tile(const QWeight& w, const QAct& x, const float* bias, 
             // the group scale of each of the 8 columns in both int16 halves of its lane
             const __m256i sc32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w.sc + (cb * ng + g) * 16 + 8 * h)));
             const __m256i vsc2 = _mm256_or_si256(_mm256_and_si256(sc32, low16), _mm256_slli_epi32(sc32, 16));
-            __m256i d16[R];
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) d16[r] = _mm256_setzero_si256();
             if constexpr (BITS == 8) {
                 const __m256i top = _mm256_set1_epi8(char(0x80));
 #pragma GCC unroll 8
@@ -79,6 +76,9 @@ SPECDEC_AVX2 void rows_tile(const QWeight& w, const QAct& x, const float* bias, 
                     S[r] = _mm256_add_epi32(S[r], _mm256_slli_epi32(_mm256_madd_epi16(sc_lo, bcast4(x.asum + (r0 + r) * ngp + g)), 7));
                 continue;
             }
+            __m256i d16[R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) d16[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int i = 0; i < NREG / 2; ++i) {        // chunk i: k 8i..8i+3 (low nibbles), 8i+4..8i+7 (high)
                 const __m256i b = _mm256_loadu_si256((const __m256i*)(tile + 64 * i));

@@ -19,7 +19,6 @@ namespace specdec {
 bool cpu_has_avx512f();
 bool cpu_has_avx2();   // AVX2 + FMA + F16C (qlinear_avx2.cpp)
 
-
 SPECDEC_AVX512F inline __m512 vload(const float* p) { return _mm512_loadu_ps(p); }
 SPECDEC_AVX512F inline __m512 vload(const uint16_t* p) {   // 16 bf16 -> fp32 (exact)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
@@ -61,7 +60,6 @@ SPECDEC_AVX512F inline __m512 vexp(__m512 x) {
     return _mm512_maskz_mov_ps(~under, _mm512_scalef_ps(p, n));
 }
 
-
 // ---- AVX2 + FMA: the same helpers over 8 lanes (CPUs without AVX-512) -------------------------------------
 #define SPECDEC_AVX2F __attribute__((target("avx2,fma")))
 namespace avx2 {
@@ -91,12 +89,6 @@ SPECDEC_AVX2F inline float hsum(__m256 v) {   // a fixed order: high half onto l
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-SPECDEC_AVX2F inline float hmax(__m256 v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
 // e^x as the AVX-512 vexp computes it (same reduction and polynomial); 2^n is applied as two exact factors
