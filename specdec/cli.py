@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--init", default=None,
                     help="start from a trained head directory (its weights and draft vocabulary): train it further "
                          "on more data; with --method eagle3,medusa, INIT/eagle3 and INIT/medusa")
+    th.add_argument("--refresh-vocab", type=int, default=0, metavar="N",
+                    help="with --init: swap up to N of the head's draft tokens that are rarest in this data for the "
+                         "most frequent ones it lacks")
     th.add_argument("--int8", action="store_true", help="store 2-D weights as int8 + per-row scale")
     th.add_argument("--no-progress", action="store_true")
 
@@ -338,7 +341,7 @@ def cmd_train_head(args) -> int:
                       args.batch_seqs,
                       args.lr, args.warmup_steps, 0.0, 0.5, args.draft_vocab, args.intermediate_size, args.ttt_steps,
                       args.num_heads, args.topk, args.checkpoint_every, args.resume, args.int8, args.seed,
-                      args.regenerate, init=args.init)
+                      args.regenerate, init=args.init, refresh_vocab=args.refresh_vocab)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     target = load_model(args.target, dtype=args.dtype, device=args.device, progress=not args.no_progress,
                         quantization=args.quantization)

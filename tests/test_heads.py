@@ -288,6 +288,7 @@ def test_train_head_learns_the_target_and_serves(smooth_target, code_dir, chat_j
     prompts, then the heads learn from its states): the loss falls, the heads agree with the target more than at
     the start, and the saved heads load and draft in the engine with greedy parity and accepted tokens on a prompt
     they were trained on. (The real pair's figures come from `specdec bench offline`; this checks the pipeline.)"""
+    from specdec.train.evaluate import acceptance, head_layers, teacher_forced
     from specdec.train.head_trainer import HeadTrainer
 
     target = smooth_target
@@ -308,6 +309,13 @@ def test_train_head_learns_the_target_and_serves(smooth_target, code_dir, chat_j
         seq = _run(engine, ids, method, 3)
         assert seq.output_ids == base, method
         assert seq.stats.acceptance_rate > 0.1, (method, seq.stats.acceptance_rate)
+        # the teacher-forced replay (python -m specdec.train.evaluate) gets the engine's accepted length
+        done = teacher_forced(target.model, [(ids, base, True)], head_layers(method, head, target.model.config.num_layers))
+        k = min(3, head.cfg.num_heads) if method == "medusa" else 3            # the engine drafts Medusa's heads
+        r = acceptance(method, head, target.model.embed_tokens, done, k, target.model.config.num_layers)
+        assert r.steps == seq.stats.draft_steps, method
+        assert r.mean_accepted_length == pytest.approx(seq.stats.mean_accepted_length), method
+        assert r.per_position == pytest.approx(seq.stats.accepted_per_position), method
 
 
 def test_train_head_resumes_to_the_same_head(tiny_models, code_dir, tmp_path, monkeypatch):
@@ -363,6 +371,70 @@ def test_train_head_init_continues_from_a_trained_head(tiny_models, code_dir, ch
         assert torch.equal(vocab[0], vocab[1]), method
     with pytest.raises(SpecDecError, match="not a draft head directory"):
         HeadTrainer(_train_cfg("eagle3", code_dir, tmp_path / "d", init=str(tmp_path)), target, progress=False).run()
+
+
+def test_refreshed_vocabulary_swaps_rare_tokens_for_frequent_missing_ones():
+    from specdec.train.head_trainer import refreshed_vocabulary
+
+    current = torch.tensor([0, 1, 2, 3, 4, 5])
+    docs = [[1, 2, 3, 4, 5] * 20 + [7] * 30 + [8] * 9 + [9] * 50 + [0]]     # 0 is rare but always kept
+    out = refreshed_vocabulary(current, docs, 3, 12, always=[0])
+    # newcomers 9 (50), 7 (30), 8 (9) against the rarest 1, 2, 3 (20 each): only 9 is more than twice as frequent
+    assert out.tolist() == [0, 2, 3, 4, 5, 9]
+    assert refreshed_vocabulary(current, docs, 3, 12, always=[0, 1]).tolist() == [0, 1, 3, 4, 5, 9]
+    assert refreshed_vocabulary(current, docs, 0, 12, [0]).tolist() == current.tolist()
+
+
+@pytest.mark.parametrize("method", ["eagle3", "medusa"])
+def test_revocab_keeps_trained_rows_and_starts_new_ones_from_the_target(tiny_models, code_dir, tmp_path, method):
+    from specdec.train.head_trainer import HeadTrainer, target_head_weight
+
+    target, _ = tiny_models
+    HeadTrainer(_train_cfg(method, code_dir, tmp_path / "a", epochs=1), target, progress=False).run()
+    trainer = HeadTrainer(_train_cfg(method, code_dir, tmp_path / "b", init=str(tmp_path / "a")), target,
+                          progress=False)
+    head = trainer.initial_head(method)
+    old = trainer.head_vocab(head)
+    rows = [lm.weight.detach().clone() for lm in (head.lm_heads if method == "medusa" else [head.lm_head])]
+    V = target.model.config.vocab_size
+    lacking = torch.tensor([t for t in range(V) if t not in set(old.tolist())][:5])
+    new = torch.sort(torch.cat([old[5:], lacking])).values
+    w_target = target_head_weight(target.model)[new]
+    head = trainer.revocab(head, new, w_target)
+    assert torch.equal(trainer.head_vocab(head), new)
+    for before, lm in zip(rows, head.lm_heads if method == "medusa" else [head.lm_head]):
+        for i, t in enumerate(new.tolist()):
+            if t in set(old[5:].tolist()):
+                assert torch.equal(lm.weight[i], before[old.tolist().index(t)]), t
+            else:
+                assert torch.allclose(lm.weight[i], w_target[i]), t
+    with pytest.raises(SpecDecError, match="refresh-vocab needs --init"):
+        _train_cfg(method, code_dir, tmp_path / "c", refresh_vocab=4)
+
+
+def test_training_autocasts_to_bf16_only_where_the_cpu_multiplies_bf16():
+    """On an AVX2 CPU a bf16 backward is ~70x slower than fp32's: training stays fp32 there."""
+    from specdec.models.quantization.kernels import native_bf16
+    from specdec.train.head_trainer import train_autocast
+
+    ctx = train_autocast(torch.device("cpu"))
+    assert isinstance(ctx, torch.autocast) == native_bf16()
+    if isinstance(ctx, torch.autocast):
+        assert ctx.fast_dtype == torch.bfloat16
+
+
+def test_replay_chain_accepts_while_guesses_match():
+    from specdec.train.evaluate import replay_chain
+
+    tokens = torch.tensor([9, 9, 1, 2, 3, 4, 5, 6])             # prompt of 2, answer 1 2 3 4 5 6
+    guess = torch.full((2, 8), -1)
+    guess[0, 1], guess[1, 1] = 2, 3        # after token 1 (column 1): 2 and 3 match -> 2 accepted, 4 is the bonus
+    guess[0, 4] = 6                        # after 4 (column 4): 5 would be next, 6 misses -> 0 accepted
+    # chains after 1 (accepts 2 3, then 4), after 4 (gets 5), after 5 (gets 6)
+    assert replay_chain(tokens, 2, guess, 2) == [(2, 2), (2, 0), (2, 0)]
+    assert replay_chain(tokens, 2, guess, 1) == [(1, 1), (1, 0), (1, 0), (1, 0)]
+    # at the token limit the engine drafts at most one fewer than remain, and nothing when one remains
+    assert replay_chain(tokens, 2, guess, 2, capped=True) == [(2, 2), (1, 0)]
 
 
 def test_sharegpt_code_sources_pick_code_conversations():

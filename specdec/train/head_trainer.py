@@ -20,6 +20,7 @@ so the untrained head already predicts roughly what the target's late states pre
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -61,6 +62,9 @@ class TrainConfig:
     regenerate_seqs: int = 16           # sequences decoded together while regenerating
     init: str | None = None             # start from this trained head (its weights and draft vocabulary): more
                                         # data for a head already trained; with two methods, INIT/eagle3, INIT/medusa
+    refresh_vocab: int = 0              # with init: swap up to this many of the head's draft tokens that are rarest
+                                        # in this data for the most frequent ones it lacks (their output rows start
+                                        # from the target's output head)
 
     def __post_init__(self):
         ms = self.methods
@@ -68,6 +72,10 @@ class TrainConfig:
             raise SpecDecError(f"train-head --method must be eagle3, medusa or eagle3,medusa, got '{self.method}'")
         if self.regenerate < 0:
             raise SpecDecError("train-head: regenerate must be >= 0")
+        if self.refresh_vocab < 0:
+            raise SpecDecError("train-head: refresh-vocab must be >= 0")
+        if self.refresh_vocab and self.init is None:
+            raise SpecDecError("train-head: --refresh-vocab needs --init (a new head's vocabulary comes from the data)")
         for name in ("seq_len", "doc_len", "batch_seqs", "draft_vocab", "ttt_steps", "num_heads", "topk", "checkpoint_every",
                      "regenerate_seqs"):
             if getattr(self, name) < 1:
@@ -109,13 +117,36 @@ def target_head_weight(model) -> torch.Tensor:
 
 def draft_vocabulary(docs: list[list[int]], size: int, vocab: int, always: list[int]) -> torch.Tensor:
     """The `size` most frequent tokens of the text (ties: lower id) plus `always`, ascending  # [<= size]"""
-    counts = torch.zeros(vocab, dtype=torch.long)
-    for w in docs:
-        counts += torch.bincount(torch.tensor(w), minlength=vocab)[:vocab]
+    counts = token_counts(docs, vocab)
     for t in always:
         counts[t] = counts.max() + 1
     order = torch.argsort(-counts * vocab - (vocab - torch.arange(vocab)), stable=True)
     return torch.sort(order[: min(size, vocab)]).values
+
+
+def token_counts(docs: list[list[int]], vocab: int) -> torch.Tensor:
+    """[vocab] how often each token occurs in the text."""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for w in docs:
+        counts += torch.bincount(torch.tensor(w, dtype=torch.long), minlength=vocab)[:vocab]
+    return counts
+
+
+def refreshed_vocabulary(current: torch.Tensor, docs: list[list[int]], swaps: int, vocab: int,
+                         always: list[int]) -> torch.Tensor:
+    """A trained head's draft vocabulary (ascending target ids) with up to `swaps` of its tokens that are rarest in
+    the text replaced by the most frequent tokens it lacks, pair by pair while the newcomer occurs more than twice
+    as often; `always` stays.  # [len(current)] ascending"""
+    counts = token_counts(docs, vocab)
+    have = torch.zeros(vocab, dtype=torch.bool)
+    have[current] = True
+    keep = counts.clone()
+    keep[torch.tensor(always, dtype=torch.long)] = counts.max() + 1
+    lacking = torch.argsort(-(counts * ~have), stable=True)[:swaps]                # most frequent first
+    rarest = current[torch.argsort(keep[current], stable=True)][:swaps]           # rarest first
+    pairs = counts[lacking] > 2 * keep[rarest]
+    out = torch.cat([current[~torch.isin(current, rarest[pairs])], lacking[pairs]])
+    return torch.sort(out).values
 
 
 @torch.inference_mode()
@@ -186,17 +217,17 @@ class HeadTrainer:
     @staticmethod
     def head_vocab(head) -> torch.Tensor:
         """A head's draft vocabulary as ascending target ids."""
-        return (head.draft_to_target if hasattr(head, "draft_to_target") else head.token_map).cpu()
+        return (head.draft_to_target if hasattr(head, "draft_to_target") else head.token_map).cpu().clone()
 
     def build_head(self, method: str, vocab_ids: torch.Tensor):
         from ..models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
         from ..models.medusa import MedusaConfig, MedusaHeads
 
         init = self.initial_head(method)
-        if init is not None:
-            return init
         c, mc = self.cfg, self.model.config
         w_head = target_head_weight(self.model)[vocab_ids.to(self.device)]               # [vd, H] fp32
+        if init is not None:
+            return self.revocab(init, vocab_ids, w_head)
         name = self.target.name
         if method == "medusa":
             head = MedusaHeads(MedusaConfig(mc.hidden_size, mc.vocab_size, c.num_heads, 1, len(vocab_ids), name))
@@ -219,6 +250,27 @@ class HeadTrainer:
             head.fc.weight[:, (len(aux) - 1) * H:] = torch.eye(H)
             head.self_attn.o_proj.weight.zero_()
             head.mlp.down_proj.weight.zero_()
+        return head
+
+    def revocab(self, head, vocab_ids: torch.Tensor, w_head: torch.Tensor):
+        """A trained head moved onto the draft vocabulary vocab_ids (same size): a token it had keeps its trained
+        output row(s), a new one starts from the target's (w_head [vd, H])."""
+        old = self.head_vocab(head)
+        if torch.equal(old, vocab_ids):
+            return head
+        row_of = torch.full((self.model.config.vocab_size,), -1, dtype=torch.long)
+        row_of[old] = torch.arange(len(old))
+        src = row_of[vocab_ids]                                                         # [vd] old row or -1
+        had = (src >= 0).to(self.device)
+        outs = head.lm_heads if hasattr(head, "lm_heads") else [head.lm_head]
+        with torch.no_grad():
+            for lm in outs:
+                w = lm.weight.float()
+                lm.weight.copy_(torch.where(had[:, None], w[src.clamp(min=0).to(self.device)], w_head))
+            if hasattr(head, "token_map"):
+                head.token_map.copy_(vocab_ids)
+            else:
+                head.set_vocab(vocab_ids)
         return head
 
     def method_layers(self, method: str) -> tuple[int, ...]:
@@ -310,10 +362,16 @@ class HeadTrainer:
                    if min(s + c.seq_len, len(d)) - s >= 8]
         vocab = self.model.config.vocab_size
         vocabs = {}
-        for m in c.methods:             # --init keeps the head's own vocabulary; else the data's frequent tokens
+        for m in c.methods:             # --init keeps the head's own vocabulary (--refresh-vocab: a part renewed);
+                                        # else the data's frequent tokens
             init = self.initial_head(m)
-            vocabs[m] = (self.head_vocab(init) if init is not None
-                         else draft_vocabulary(docs, c.draft_vocab, vocab, list(tok.eos_token_ids)))
+            if init is None:
+                vocabs[m] = draft_vocabulary(docs, c.draft_vocab, vocab, list(tok.eos_token_ids))
+            elif c.refresh_vocab:
+                vocabs[m] = refreshed_vocabulary(self.head_vocab(init), docs, c.refresh_vocab, vocab,
+                                                 list(tok.eos_token_ids))
+            else:
+                vocabs[m] = self.head_vocab(init)
         feats = extract_features(self.model, docs, self.layers(), c.topk, self.progress)
         t_feat = time.perf_counter() - t0
         data = {"documents": len(docs), "windows": len(windows), "tokens": num_tokens, "feature_s": round(t_feat, 1)}
@@ -354,8 +412,7 @@ class HeadTrainer:
             frac = (step - c.warmup_steps) / max(1, total_steps - c.warmup_steps)
             return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
-        autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if self.device.type == "cpu"
-                    else torch.autocast("cuda", dtype=torch.bfloat16))
+        autocast = train_autocast(self.device)
         bar = progress_bar(range(start, total_steps), "train", self.progress)
         t1 = time.perf_counter()
         for step in bar:
@@ -382,13 +439,25 @@ class HeadTrainer:
                 "final_loss": round(sum(h["loss"] for h in tail) / len(tail), 4),
                 "final_agree": [round(sum(h["agree"][j] for h in tail) / len(tail), 3)
                                 for j in range(len(tail[-1]["agree"]))] if tail else [],
-                "device": str(self.device), "threads": torch.get_num_threads(), "config": asdict(c)}
+                "device": str(self.device), "threads": torch.get_num_threads(),
+                "autocast": "bf16" if isinstance(autocast, torch.autocast) else "fp32", "config": asdict(c)}
         extra = {"specdec_target_fingerprint": target_fingerprint(self.model)}
         save_head(head, method, out, extra, int8=c.int8)
         write_json_atomic(os.path.join(out, "training.json"), {**info, "history": history})
         if os.path.isfile(ckpt):
             os.unlink(ckpt)
         return info
+
+
+def train_autocast(device: torch.device):
+    """bf16 autocast where bf16 matmuls run natively (CUDA; CPUs with AVX-512 BF16), else plain fp32. On an AVX2
+    CPU a bf16 step is dozens of times slower than fp32's: one EAGLE-3 forward and backward over 256 tokens, 2 TTT
+    steps, took 2.3 s + 60.9 s in bf16 and 0.44 s + 0.83 s in fp32 (AMD EPYC, 2 threads)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    from ..models.quantization.kernels import native_bf16
+
+    return torch.autocast("cpu", dtype=torch.bfloat16) if native_bf16() else contextlib.nullcontext()
 
 
 def _save_atomic(obj, path: str) -> None:

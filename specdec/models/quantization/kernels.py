@@ -32,6 +32,11 @@ def available() -> bool:
         return False
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16; AMX CPUs have it too), as specdec._C sees it."""
+    return available() and bool(load_kernels().has_avx512_bf16())
+
+
 IMPLS = {"auto": 0, "portable": 1, "avx512": 2, "avx2": 3}
 
 
