@@ -400,7 +400,7 @@ def test_revocab_keeps_trained_rows_and_starts_new_ones_from_the_target(tiny_mod
     lacking = torch.tensor([t for t in range(V) if t not in set(old.tolist())][:5])
     new = torch.sort(torch.cat([old[5:], lacking])).values
     w_target = target_head_weight(target.model)[new]
-    head = trainer.revocab(head, new, w_target)
+    head = trainer.revocab(head, new)
     assert torch.equal(trainer.head_vocab(head), new)
     for before, lm in zip(rows, head.lm_heads if method == "medusa" else [head.lm_head]):
         for i, t in enumerate(new.tolist()):

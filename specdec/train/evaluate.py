@@ -48,15 +48,13 @@ def head_layers(method: str, head, num_layers: int) -> tuple[int, ...]:
 def teacher_forced(model, answered: list[tuple[list[int], list[int], bool]], layers: tuple[int, ...]) -> list[Answer]:
     """(prompt ids, the target's greedy answer, whether it stopped at its token limit) per prompt -> the target's
     states over prompt + answer at `layers`, in one forward each."""
-    from ..models.runner import Span, forward_spans
+    from .head_trainer import teacher_forced_pass
 
     done = []
     for prompt, answer, capped in answered:
         ids = list(prompt) + list(answer)
-        kv = model.new_kv()
-        kv.resize(-(-len(ids) // model.key_block) * model.key_block)
-        _, hidden = forward_spans(model, [Span(kv, 0, ids, "all", hidden=True)], layers)
-        done.append(Answer(torch.tensor(ids), len(prompt), capped, {i: hidden[0][i].clone() for i in layers}))
+        _, hidden = teacher_forced_pass(model, ids, layers)
+        done.append(Answer(torch.tensor(ids), len(prompt), capped, {i: hidden[i].clone() for i in layers}))
     return done
 
 

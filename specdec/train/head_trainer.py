@@ -150,19 +150,27 @@ def refreshed_vocabulary(current: torch.Tensor, docs: list[list[int]], swaps: in
 
 
 @torch.inference_mode()
-def extract_features(model, docs: list[list[int]], layers: tuple[int, ...], topk: int, progress: bool) -> Features:
+def teacher_forced_pass(model, ids: list[int], layers: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """One forward of the target over a whole sequence in a fresh cache -> (logits [T, V], {layer: states [T, H]})."""
     from ..models.runner import Span, forward_spans
+
+    kv = model.new_kv()
+    kv.resize(-(-len(ids) // model.key_block) * model.key_block)
+    logits, hidden = forward_spans(model, [Span(kv, 0, ids, "all", hidden=True)], layers)
+    return logits[0], hidden[0]
+
+
+@torch.inference_mode()
+def extract_features(model, docs: list[list[int]], layers: tuple[int, ...], topk: int, progress: bool) -> Features:
     from ..utils import progress_bar
 
     feats = Features([], [], [], [])
     for w in progress_bar(docs, "features", progress):
-        kv = model.new_kv()
-        kv.resize(-(-len(w) // model.key_block) * model.key_block)
-        logits, hidden = forward_spans(model, [Span(kv, 0, list(w), "all", hidden=True)], layers)
-        p = torch.softmax(logits[0], -1)
+        logits, hidden = teacher_forced_pass(model, list(w), layers)
+        p = torch.softmax(logits, -1)
         top_p, top_ids = p.topk(topk, -1)
         feats.tokens.append(torch.tensor(w))
-        feats.states.append(torch.cat([hidden[0][i] for i in layers], -1).clone())
+        feats.states.append(torch.cat([hidden[i] for i in layers], -1).clone())
         feats.top_ids.append(top_ids.to(torch.int32))
         feats.top_p.append(top_p.float())
     return feats
@@ -224,10 +232,10 @@ class HeadTrainer:
         from ..models.medusa import MedusaConfig, MedusaHeads
 
         init = self.initial_head(method)
+        if init is not None:
+            return self.revocab(init, vocab_ids)
         c, mc = self.cfg, self.model.config
         w_head = target_head_weight(self.model)[vocab_ids.to(self.device)]               # [vd, H] fp32
-        if init is not None:
-            return self.revocab(init, vocab_ids, w_head)
         name = self.target.name
         if method == "medusa":
             head = MedusaHeads(MedusaConfig(mc.hidden_size, mc.vocab_size, c.num_heads, 1, len(vocab_ids), name))
@@ -252,12 +260,13 @@ class HeadTrainer:
             head.mlp.down_proj.weight.zero_()
         return head
 
-    def revocab(self, head, vocab_ids: torch.Tensor, w_head: torch.Tensor):
+    def revocab(self, head, vocab_ids: torch.Tensor):
         """A trained head moved onto the draft vocabulary vocab_ids (same size): a token it had keeps its trained
-        output row(s), a new one starts from the target's (w_head [vd, H])."""
+        output row(s), a new one starts from the target's output head."""
         old = self.head_vocab(head)
         if torch.equal(old, vocab_ids):
             return head
+        w_head = target_head_weight(self.model)[vocab_ids.to(self.device)]               # [vd, H] fp32
         row_of = torch.full((self.model.config.vocab_size,), -1, dtype=torch.long)
         row_of[old] = torch.arange(len(old))
         src = row_of[vocab_ids]                                                         # [vd] old row or -1
