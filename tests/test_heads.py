@@ -337,8 +337,19 @@ def test_train_head_resumes_to_the_same_head(tiny_models, code_dir, tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         HeadTrainer(_train_cfg("eagle3", code_dir, tmp_path / "b", epochs=3), target, progress=False).run()
     assert (tmp_path / "b.checkpoint.pt").is_file() and not (tmp_path / "b").exists()
+    assert (tmp_path / "b.docs.pt").is_file() and (tmp_path / "b.features.pt").is_file()
     monkeypatch.setattr(HeadTrainer, "loss", real)
+
+    def recomputed(*a, **kw):
+        raise AssertionError("a resumed run recomputed what the stopped run saved")
+
+    import specdec.train.data as data_module
+    import specdec.train.head_trainer as trainer_module
+
+    monkeypatch.setattr(data_module, "load_sequences", recomputed)          # the documents and features come back
+    monkeypatch.setattr(trainer_module, "extract_features", recomputed)    # from b.docs.pt and b.features.pt
     HeadTrainer(_train_cfg("eagle3", code_dir, tmp_path / "b", epochs=3, resume=True), target, progress=False).run()
+    assert not any(tmp_path.glob("b.*.pt"))                                 # caches and checkpoint go with the run
     from safetensors.torch import load_file
 
     a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(tmp_path / "b" / "model.safetensors"))

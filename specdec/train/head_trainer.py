@@ -3,14 +3,15 @@
 1. Text: documents from the sources (train/data.py), each up to `doc_len` tokens of context.
 2. Draft vocabulary: the `draft_vocab` most frequent tokens of that text (plus the end tokens), ascending by id.
 3. Features, teacher-forced through the target over whole documents (a window's states carry their context),
-   kept in memory only: per token the hidden states the head reads
+   kept in memory (and in OUT.features.pt until the run ends, for --resume): per token the hidden states the head reads
    (EAGLE-3: the inputs of three layers; Medusa: the final normed state) in the runtime dtype, and the target's
    top-k next-token probabilities (never whole 152k-wide rows). ~9 KB a token for EAGLE-3 on the 1.5B.
 4. Training: soft cross-entropy against the target's distribution restricted to the draft vocabulary.
    EAGLE-3 unrolls `ttt_steps` steps of training-time test (step j's row t predicts x_{t+j+2} from the head's own
    output of step j-1; losses weighted 0.8^j, as in the paper's reference code); Medusa head i predicts x_{t+i+2}
    from the state at t (weights 0.8^i). AdamW, linear warm-up then cosine decay, gradient clipping.
-5. Checkpoints every `checkpoint_every` steps (written atomically; `--resume` continues from the last), and the
+5. Checkpoints every `checkpoint_every` steps (written atomically; `--resume` continues from the last, reusing the
+   run's documents and features from OUT.docs.pt and OUT.features.pt), and the
    head saved in vLLM's layout (models/heads.py) with what it was trained on in `training.json`.
 
 Initialisation follows the methods' reference code where it helps a short run: Medusa's blocks start as the
@@ -365,7 +366,10 @@ class HeadTrainer:
         c = self.cfg
         t0 = time.perf_counter()
         tok = self.target.tokenizer
-        docs = load_sequences(c.data, tok, c.doc_len, c.max_tokens, self.regenerate if c.regenerate else None)
+        data_key = {k: getattr(c, k) for k in ("data", "doc_len", "max_tokens", "regenerate")}
+        data_key |= {"target": self.target.name, "weights": self._weights_print(), "device": str(self.device)}
+        docs = self._cached("docs", data_key, lambda: load_sequences(c.data, tok, c.doc_len, c.max_tokens,
+                                                                     self.regenerate if c.regenerate else None))
         num_tokens = sum(len(d) for d in docs)
         windows = [(i, s, min(s + c.seq_len, len(d))) for i, d in enumerate(docs) for s in range(0, len(d), c.seq_len)
                    if min(s + c.seq_len, len(d)) - s >= 8]
@@ -381,7 +385,8 @@ class HeadTrainer:
                                                  list(tok.eos_token_ids))
             else:
                 vocabs[m] = self.head_vocab(init)
-        feats = extract_features(self.model, docs, self.layers(), c.topk, self.progress)
+        feats = self._cached("features", data_key | {"layers": self.layers(), "topk": c.topk},
+                             lambda: extract_features(self.model, docs, self.layers(), c.topk, self.progress))
         t_feat = time.perf_counter() - t0
         data = {"documents": len(docs), "windows": len(windows), "tokens": num_tokens, "feature_s": round(t_feat, 1)}
         out = {}
@@ -389,7 +394,34 @@ class HeadTrainer:
             t2d = torch.full((vocab,), -1, dtype=torch.long)
             t2d[vocabs[m]] = torch.arange(len(vocabs[m]))
             out[m] = self.train(m, c.out_dir(m), windows, feats, t2d.to(self.device), vocabs[m], data)
+        for what in ("docs", "features"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._cache_path(what))
         return out
+
+    # -- the run's caches: what a stopped run keeps for --resume ---------------------------------------------------
+    def _cache_path(self, what: str) -> str:
+        return f"{self.cfg.out.rstrip('/')}.{what}.pt"
+
+    def _weights_print(self) -> str:
+        """The target's weights as the features see them: its fingerprint and its stored bytes (a quantized target
+        differs from its bf16 self)."""
+        from ..models.heads import target_fingerprint
+
+        return f"{target_fingerprint(self.model)}-{self.model.weight_nbytes()}-{self.model.embed_tokens.weight.dtype}"
+
+    def _cached(self, what: str, key: dict, make):
+        """make()'s result, saved atomically to OUT.<what>.pt; a --resume run with the same key loads it instead
+        (the regenerated answers and the features are the run's slow first hour on a CPU). Removed when the run
+        ends."""
+        path = self._cache_path(what)
+        if self.cfg.resume and os.path.isfile(path):
+            saved = torch.load(path, weights_only=False)        # tensors back on the devices they were saved from
+            if saved["key"] == key:
+                return saved["value"]
+        value = make()
+        _save_atomic({"key": key, "value": value}, path)
+        return value
 
     def train(self, method: str, out: str, windows, feats: Features, t2d, vocab_ids, data: dict) -> dict:
         from ..models.heads import save_head, target_fingerprint
