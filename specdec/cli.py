@@ -22,7 +22,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "our CPU kernel)")
     p.add_argument("--head-quantization", default=None, choices=["none", "int8", "int4"],
                    help="learned heads' linears (eagle3, eagle, medusa): runtime dtype, or 8-/4-bit blocks on our CPU "
-                        "kernel. Default: int8 for a bf16 head on CPU when the compiled kernels are installed, else none")
+                        "kernel. Default: int4 for a bf16 head on CPU where the compiled kernels run 4-bit codes "
+                        "vectorized (AVX-512 VNNI or AVX2), else int8 where they run 8-bit codes so, else none")
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:

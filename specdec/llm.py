@@ -48,7 +48,7 @@ def default_draft_quantization(requested: str | None, target: LoadedModel) -> st
 
 def load_head_for(method: str, path: str | None, target: LoadedModel, quantization: str | None = None) -> LoadedHead:
     """A learned head for the target: from `path`, else the one shipped for the default target; its linears on
-    the engine's CPU kernels (quantization: none | int8 | int4, None = int8 blocks where specdec._C runs)."""
+    the engine's CPU kernels (quantization: none | int8 | int4; None: models.heads.default_head_quantization)."""
     from .models.heads import load_head, pack_head, shipped_head
 
     head = load_head(path or shipped_head(method, target.name), target.model, target.model.embed_tokens.weight.dtype,

@@ -125,13 +125,13 @@ def test_quantized_heads_guess_as_the_float_head_does_and_keep_parity(tiny_model
     for method in ("eagle3", "medusa"):
         seq = _run(engine, ids, method, 3)
         assert seq.output_ids == base and seq.stats.draft_tokens > 0, method
-    # the default: int8 for a bf16 head on a CPU that runs 8-bit codes on a vector kernel (AVX-512 VNNI or AVX2),
-    # the runtime dtype for fp32 heads and where only the portable kernel runs
+    # the default: int4 for a bf16 head on a CPU that runs 4-bit codes on a vector kernel (AVX-512 VNNI or AVX2),
+    # else int8 where 8-bit codes run on one; the runtime dtype for fp32 heads and where only the portable kernel runs
     from specdec.models.quantization.kernels import vector_kernel
 
     assert default_head_quantization(heads["medusa"]) == "none"
     bf16_default = default_head_quantization(copy.deepcopy(heads["medusa"]).to(torch.bfloat16))
-    assert bf16_default == ("int8" if vector_kernel(8) else "none")
+    assert bf16_default == ("int4" if vector_kernel(4) else "int8" if vector_kernel(8) else "none")
     odd = torch.nn.Sequential(torch.nn.Linear(40, 16)).to(torch.bfloat16)     # inputs not in whole 32-wide groups
     assert default_head_quantization(odd) == "none"
     with pytest.raises(SpecDecError, match="multiple of 32"):

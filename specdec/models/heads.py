@@ -256,14 +256,18 @@ def _unblockable_linears(module: nn.Module) -> list[str]:
 
 
 def default_head_quantization(module: nn.Module) -> str:
-    """int8 blocks where specdec._C runs 8-bit codes on a vector kernel (AVX-512 VNNI or AVX2; a bf16 head on CPU
-    whose linears' inputs come in whole 32-wide groups), else the runtime dtype (8-bit codes on the portable scalar
-    kernel would be slower than the bf16 linears)."""
+    """int4 blocks where specdec._C runs 4-bit codes on a vector kernel (AVX-512 VNNI or AVX2), else int8 blocks
+    where it runs 8-bit codes on one, for a bf16 head on CPU whose linears' inputs come in whole 32-wide groups;
+    else the runtime dtype (codes on the portable scalar kernel would be slower than the bf16 linears). In the
+    engine a head's weights come from memory at every step (the target's forward in between has pushed them out
+    of the caches), so its bytes set its cost: 4-bit blocks cut EAGLE-3's drafting from 0.22 to 0.14 of a target
+    forward at the accepted lengths 8-bit blocks give (docs/benchmarks/heads-stage4/)."""
     from .quantization.kernels import vector_kernel
 
     w = next(module.parameters())
-    return ("int8" if w.device.type == "cpu" and w.dtype == torch.bfloat16 and not _unblockable_linears(module)
-            and vector_kernel(8) else "none")
+    if w.device.type != "cpu" or w.dtype != torch.bfloat16 or _unblockable_linears(module):
+        return "none"
+    return "int4" if vector_kernel(4) else "int8" if vector_kernel(8) else "none"
 
 
 def pack_head(module: nn.Module, quantization: str | None = None) -> str:

@@ -7,7 +7,7 @@ Medusa's heads side by side), and a greedy chain of k is replayed over the answe
 accept while the guesses match the answer, then the target's own token. At greedy that is the engine's accepted
 length for a chain of k (shipped EAGLE-3 head, int4 target, builtin + humaneval:20 code-gen, 128 tokens: 2.050
 replayed, 2.046 served by `bench offline`), at the cost of one prefill per prompt rather than a decode per head,
-and every head is judged on the same answers. Heads run in float32 here (the engine runs bf16 or 8-bit blocks).
+and every head is judged on the same answers. Heads run in float32 here (the engine runs bf16, 8-bit or 4-bit blocks).
 
     python -m specdec.train.evaluate --quantization int4 --prompts builtin,humaneval:20 --categories code-gen \\
         --head eagle3=specdec/heads/qwen2.5-coder-1.5b-instruct/eagle3 --head medusa=OTHER/medusa
