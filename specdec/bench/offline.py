@@ -56,7 +56,7 @@ class OfflineBenchConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     draft_quantization: str | None = None
-    head_quantization: str | None = None     # learned heads' linears (None: int4 blocks where specdec._C runs them)
+    head_quantization: str | None = None     # learned heads' linears (None: models.heads.default_head_quantization)
     quantization: str | None = None         # the target's weights (--quantization)
     progress: bool = True
     heads: dict[str, str | None] = field(default_factory=dict)   # learned head per method (None: the shipped one)
