@@ -5,6 +5,7 @@
 // caller checks the CPU (cpu_has_avx512_vnni) before calling in.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "qlinear.h"
 
@@ -40,16 +41,18 @@ typedef int32_t __attribute__((may_alias, aligned(1))) i32u;
 
 SPECDEC_AVX512 inline __m512i bcast4(const void* p) { return _mm512_set1_epi32(*static_cast<const i32u*>(p)); }
 
-// Rows [r0, r0 + R) of column block cb. R rows' int32 sums (S, Mn) and fp32 results live in registers
-// (3R + GROUP/4 + 4 <= 32 for R <= 4); the group's unpacked tile is reused by all R rows.
+// Rows [r0, r0 + R) of column block cb. R rows' int32 sums S live in registers through the group loop (with the
+// unpacked tile: R + GROUP/4 + 6 <= 32 for R <= 12), then S and Mn through the superblock's epilogue (2R + 3); the
+// fp32 sums build up in `out` itself, one load and store per row and superblock, so registers bound the tile at
+// 12 rows rather than 6. The group's unpacked tile is reused by all R rows.
 template <int BITS, int GROUP, int R>
 SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb, int64_t r0) {
     constexpr int NREG = GROUP / 4;                 // registers per tile: 16 lanes x 4 k each
     const int64_t ng = w.ngroups(), ns = w.nsuper(), tb = w.tile_bytes(), K = w.k, ngp = x.asum_stride;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const int64_t pf = g_prefetch;
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    float* orow = out + r0 * w.n + cb * 16;          // row r's 16 sums at orow + r * w.n
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(orow + r * w.n, _mm512_setzero_ps());
     for (int64_t s = 0; s < ns; ++s) {
         __m512i S[R], Mn[R];
         for (int r = 0; r < R; ++r) S[r] = Mn[r] = _mm512_setzero_si512();
@@ -118,14 +121,15 @@ SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias
         for (int r = 0; r < R; ++r) {
             // t = d*S - dmin*Mn (the second product fused, as std::fma in the portable kernel)
             const __m512 t = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(Mn[r]), _mm512_mul_ps(_mm512_cvtepi32_ps(S[r]), d));
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x.ascale[(r0 + r) * ns + s]), t, acc[r]);
+            float* o = orow + r * w.n;
+            _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(x.ascale[(r0 + r) * ns + s]), t, _mm512_loadu_ps(o)));
         }
     }
-    for (int r = 0; r < R; ++r) {
-        __m512 v = acc[r];
-        if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + cb * 16));
-        _mm512_storeu_ps(out + (r0 + r) * w.n + cb * 16, v);
-    }
+    if (bias)
+        for (int r = 0; r < R; ++r) {
+            float* o = orow + r * w.n;
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_loadu_ps(bias + cb * 16)));
+        }
 }
 
 SPECDEC_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -167,23 +171,22 @@ SPECDEC_AVX512 void quantize_impl(const T* x, int64_t m, int64_t k, int group, i
 }
 
 
-constexpr int MAX_TILE = 6;   // 3 x 6 accumulators + 8 unpacked registers + 5 temporaries <= 32 zmm
+constexpr int MAX_TILE = 9;   // measured: 7-9 row tiles beat two smaller ones; past 9 rows the sums spill (see rows_tile)
+
+template <int BITS, int GROUP, int... R>
+SPECDEC_AVX512 void run_tile_impl(int rows, const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb,
+                                  int64_t r0, std::integer_sequence<int, R...>) {
+    ((rows == R + 1 ? (rows_tile<BITS, GROUP, R + 1>(w, x, bias, out, cb, r0), 0) : 0), ...);
+}
 
 template <int BITS, int GROUP>
 SPECDEC_AVX512 void run_tile(int rows, const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb, int64_t r0) {
-    switch (rows) {
-        case 6: return rows_tile<BITS, GROUP, 6>(w, x, bias, out, cb, r0);
-        case 5: return rows_tile<BITS, GROUP, 5>(w, x, bias, out, cb, r0);
-        case 4: return rows_tile<BITS, GROUP, 4>(w, x, bias, out, cb, r0);
-        case 3: return rows_tile<BITS, GROUP, 3>(w, x, bias, out, cb, r0);
-        case 2: return rows_tile<BITS, GROUP, 2>(w, x, bias, out, cb, r0);
-        default: return rows_tile<BITS, GROUP, 1>(w, x, bias, out, cb, r0);
-    }
+    run_tile_impl<BITS, GROUP>(rows, w, x, bias, out, cb, r0, std::make_integer_sequence<int, MAX_TILE>{});
 }
 
 template <int BITS, int GROUP>
 SPECDEC_AVX512 void kernel(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
-    // Rows split into the fewest tiles of at most MAX_TILE, of balanced sizes (7 = 4 + 3, not 6 + 1): a
+    // Rows split into the fewest tiles of at most MAX_TILE, of balanced sizes (10 = 5 + 5, not 9 + 1): a
     // one-row tile pays a whole unpack for one row and runs latency-bound. The tile a row lands in never
     // changes its arithmetic.
     const int64_t tiles = (x.m + MAX_TILE - 1) / MAX_TILE;
