@@ -140,9 +140,8 @@ class Eagle3Proposer(Proposer):
         """EAGLE-2 trees for greedy sequences: h_root [S, H] the head's state after each one's newest token."""
         device = h_root.device
         builders = [TreeBuilder(ctx.topk) for ctx in ctxs]
-        logp = torch.log_softmax(self.logits(h_root), -1)               # [S, V']
-        for b, lp in zip(builders, logp):
-            b.add_children(-1, lp, self.d2t)
+        for b, (lp, tok) in zip(builders, self._top(h_root, [ctx.topk for ctx in ctxs])):
+            b.add_top(-1, lp, tok)
         h_of: dict[tuple[int, int], torch.Tensor] = {}                              # (seq, node) -> h of its parent
         for s, b in enumerate(builders):
             for i in range(len(b.nodes)):
@@ -172,13 +171,21 @@ class Eagle3Proposer(Proposer):
                           torch.tensor(positions, device=device), attn)              # [rows, H]
             for (kv, start, t, *_), (s, _) in zip(spans, grow):
                 self.kv.commit(feeds[s][4], start + t)
-            logp = torch.log_softmax(self.logits(h), -1)              # [rows, V']
-            for (s, node), lp, h_row in zip(rows, logp, h):
+            top = self._top(h, [builders[s].topk for s, _ in rows])
+            for (s, node), (lp, tok), h_row in zip(rows, top, h):
                 first = len(builders[s].nodes)
-                builders[s].add_children(node, lp, self.d2t)
+                builders[s].add_top(node, lp, tok)
                 for i in range(first, len(builders[s].nodes)):
                     h_of[(s, i)] = h_row
         return [b.select(k, ctx.row_cost) for b, k, ctx in zip(builders, budgets, ctxs)]
+
+    def _top(self, h: torch.Tensor, topks: list[int]) -> list[tuple[list[float], list[int]]]:
+        """Per row of h [R, H], its topks[r] likeliest draft tokens as (log-probabilities, target ids), best first:
+        one log-softmax and one top-k over all rows, one copy out (not a few small ops per node)."""
+        logp = torch.log_softmax(self.logits(h), -1)                                # [R, V']
+        lp, idx = logp.topk(max(topks), -1)                                         # [R, topk]
+        lps, toks = lp.tolist(), self.d2t[idx].tolist()
+        return [(a[:n], b[:n]) for a, b, n in zip(lps, toks, topks)]
 
     def release(self, seq_id: int) -> None:
         self.kv.free_seq(seq_id)

@@ -39,9 +39,13 @@ class TreeBuilder:
         """The head's log-probabilities over its vocabulary [V'] after `parent` (-1: the newest token);
         token_ids [V'] maps them to target ids. Adds the topk best as children."""
         lp, idx = logprobs.topk(self.topk)
+        self.add_top(parent, lp.tolist(), token_ids[idx].tolist())
+
+    def add_top(self, parent: int, logprobs: list[float], tokens: list[int]) -> None:
+        """add_children with the topk already taken (best first): their log-probabilities and target ids."""
         base = self.nodes[parent].score if parent >= 0 else 0.0
         depth = self.nodes[parent].depth + 1 if parent >= 0 else 1
-        for v, i in zip(lp.tolist(), token_ids[idx].tolist()):
+        for v, i in zip(logprobs, tokens):
             self.nodes.append(TreeNode(i, parent, base + v, depth))
 
     def pick_frontier(self, depth: int) -> list[int]:
