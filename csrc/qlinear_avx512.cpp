@@ -42,9 +42,10 @@ typedef int32_t __attribute__((may_alias, aligned(1))) i32u;
 SPECDEC_AVX512 inline __m512i bcast4(const void* p) { return _mm512_set1_epi32(*static_cast<const i32u*>(p)); }
 
 // Rows [r0, r0 + R) of column block cb. R rows' int32 sums S live in registers through the group loop (with the
-// unpacked tile: R + GROUP/4 + 6 <= 32 for R <= 12), then S and Mn through the superblock's epilogue (2R + 3); the
-// fp32 sums build up in `out` itself, one load and store per row and superblock, so registers bound the tile at
-// 12 rows rather than 6. The group's unpacked tile is reused by all R rows.
+// unpacked tile and temporaries: R + GROUP/4 + 6), then S and Mn through the superblock's epilogue (2R + 3); the
+// fp32 sums build up in `out` itself, one load and store per row and superblock, not in registers. That lets a tile
+// hold more than the 6 rows it could with fp32 sums in registers; past 9 rows it spills (measured: MAX_TILE). The
+// group's unpacked tile is reused by all R rows.
 template <int BITS, int GROUP, int R>
 SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb, int64_t r0) {
     constexpr int NREG = GROUP / 4;                 // registers per tile: 16 lanes x 4 k each

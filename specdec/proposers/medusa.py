@@ -61,11 +61,15 @@ class MedusaProposer(Proposer):
     def _tree(self, ctx: ProposalContext, budget: int, logits: list[torch.Tensor]) -> Draft:
         """A tree over the heads' guesses: logits[j] [V'] is head j's, one level per head."""
         b = TreeBuilder(ctx.topk)
-        logp = [torch.log_softmax(lg.float(), -1) for lg in logits]
-        b.add_children(-1, logp[0], self.heads.token_map)
-        for depth in range(1, len(logp)):
+        # a head's guesses do not depend on the node they follow: one top-k per level serves every node of it
+        top = []
+        for lg in logits:
+            lp, idx = torch.log_softmax(lg.float(), -1).topk(ctx.topk)
+            top.append((lp.tolist(), self.heads.token_map[idx].tolist()))
+        b.add_top(-1, *top[0])
+        for depth in range(1, len(top)):
             for node in b.pick_frontier(depth):
-                b.add_children(node, logp[depth], self.heads.token_map)
+                b.add_top(node, *top[depth])
         tokens, parents = b.select(budget, ctx.row_cost)
         return Draft(torch.tensor(tokens, dtype=torch.long), None, parents)
 
