@@ -448,6 +448,31 @@ def test_replay_chain_accepts_while_guesses_match():
     assert replay_chain(tokens, 2, guess, 2, capped=True) == [(2, 2), (1, 0)]
 
 
+def test_tree_guesses_follow_the_answer_while_the_tree_could_hold_it(monkeypatch):
+    """evaluate --calibrate's pairs: a guess of step j counts where the answer's tokens of steps 0..j-1 were among
+    their step's top-k, i.e. where a tree could have reached it."""
+    from specdec.train import evaluate as ev
+
+    x = torch.tensor([5, 6, 1, 2, 3, 4])                        # prompt 5 6; answer 1 2 3 4
+    ans = ev.Answer(x, 2, False)
+
+    def rows(*best):                                            # logits [T, 8] favouring (first, second) per row
+        lg = torch.zeros(6, 8)
+        for t, (a, b) in enumerate(best):
+            lg[t, a], lg[t, b] = 4.0, 2.0
+        return lg
+
+    # step 0, row t guesses x[t+2]: rows 1..3 want 2, 3, 4; step 1, row t guesses x[t+3]: rows 1, 2 want 3, 4
+    step0 = rows((0, 1), (2, 7), (7, 3), (0, 1), (0, 1), (0, 1))
+    step1 = rows((0, 1), (3, 0), (4, 0), (0, 1), (0, 1), (0, 1))
+    monkeypatch.setattr(ev, "step_logits", lambda *a: ([step0, step1], torch.arange(8)))
+    pairs = ev.tree_guesses("eagle3", None, None, [ans], 2, 2, 0)
+    # step 0: row 1 best right, row 2 second right, row 3 neither (so step 1 of row 3 is not reached either)
+    assert [h for _, h in pairs[0]] == [True, False, False, True, True]
+    assert [h for _, h in pairs[1]] == [False, True, False, False, False]
+    assert pairs[0][0][0] == pytest.approx(torch.softmax(step0[1], -1)[2].item())
+
+
 def test_sharegpt_code_sources_pick_code_conversations():
     from specdec.train.data import load_source
 

@@ -243,6 +243,9 @@ class LLMEngine:
                     self.kv.compact(seq.seq_id, start, kept)
                     lg = lg[torch.tensor(kept, device=lg.device)]
                 committed = self._commit(seq, plan, num_accepted, emitted, t0, t1, t2)
+                if kept is not None:                     # the head learns how often its tree guesses are accepted
+                    self.heads[self._head_of(seq)].observe(VerifyResult(
+                        seq.seq_id, plan.draft.depth, num_accepted, len(seq.token_ids), [i - 1 for i in kept[1:]]))
                 if plan is not None and hidden[j] is not None and not seq.finished:
                     # the newest token and the accepted drafts: the rows whose K/V the target kept
                     rows = slice(0, 1 + num_accepted) if kept is None else torch.tensor(kept)

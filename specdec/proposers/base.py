@@ -72,6 +72,8 @@ class VerifyResult:
     num_draft: int
     num_accepted: int
     committed_len: int                     # tokens in the sequence after this step
+    path: list[int] | None = None          # a token tree's accepted nodes (draft indices, root side first); None
+                                           # for a chain
 
 
 class Proposer(ABC):

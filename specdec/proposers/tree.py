@@ -2,7 +2,10 @@
 the nodes most likely to be accepted, and hand verification one tree.
 
 A node's score is the log of the head's probability of its whole path (the product of its ancestors' and its own
-probabilities): under a calibrated head that is the chance verification reaches it. Expansion grows the `topk`
+probabilities): under a calibrated head that is the chance verification reaches it. Heads are not always calibrated,
+so `calibration` corrects the head per sibling rank r: a guess's log-probability is multiplied by calibration[r] (the
+last serves every rank after it; p -> p^a, a > 1 lowers confidence), exponents the engine learns from verification
+(proposers/tree_calibration.py). A node's children keep their order; the kept tree's size and shape change. Expansion grows the `topk`
 best nodes of each level by their `topk` best children; re-ranking keeps the `budget` best nodes of everything
 expanded. Scores only fall along a path, so the kept set holds every kept node's ancestors.
 
@@ -26,14 +29,18 @@ class TreeNode:
     score: float                 # log-probability of the path down to this node
     depth: int                   # 1 for the first draft position
     slot: int = -1               # where the head cached this node's own row, once it was expanded
+    rank: int = 0                # among its siblings, best first
+    logp: float = 0.0            # the head's own log-probability of this token after its parent (uncalibrated)
 
 
 @dataclass
 class TreeBuilder:
     """One sequence's tree while it is drafted."""
     topk: int
+    calibration: tuple[float, ...] = ()    # per sibling rank (the last repeats): log-probability multipliers
     nodes: list[TreeNode] = field(default_factory=list)
     frontier: list[int] = field(default_factory=list)     # the nodes of the newest level picked for expansion
+    selected: list[int] = field(default_factory=list)     # select's nodes, in verification order
 
     def add_children(self, parent: int, logprobs: torch.Tensor, token_ids: torch.Tensor) -> None:
         """The head's log-probabilities over its vocabulary [V'] after `parent` (-1: the newest token);
@@ -45,14 +52,20 @@ class TreeBuilder:
         """add_children with the topk already taken (best first): their log-probabilities and target ids."""
         base = self.nodes[parent].score if parent >= 0 else 0.0
         depth = self.nodes[parent].depth + 1 if parent >= 0 else 1
-        for v, i in zip(logprobs, tokens):
-            self.nodes.append(TreeNode(i, parent, base + v, depth))
+        cal = self.calibration
+        for r, (v, i) in enumerate(zip(logprobs, tokens)):
+            a = cal[min(r, len(cal) - 1)] if cal else 1.0
+            self.nodes.append(TreeNode(i, parent, base + a * v, depth, rank=r, logp=v))
 
     def pick_frontier(self, depth: int) -> list[int]:
         """The topk best nodes of level `depth`: the ones the next level grows from."""
         level = [i for i, n in enumerate(self.nodes) if n.depth == depth]
         self.frontier = sorted(level, key=lambda i: -self.nodes[i].score)[: self.topk]
         return self.frontier
+
+    def selected_guesses(self) -> tuple[list[int], list[float]]:
+        """select's nodes' sibling ranks and raw log-probabilities, in verification order."""
+        return [self.nodes[n].rank for n in self.selected], [self.nodes[n].logp for n in self.selected]
 
     def path(self, node: int) -> list[int]:
         """node's ancestors, root side first, then node."""
@@ -96,6 +109,7 @@ class TreeBuilder:
         for i in list(keep):                      # ties at -0.0 aside, ancestors are kept already
             keep.update(self.path(i))
         order = sorted(keep, key=lambda i: (self.nodes[i].depth, i))[:max(budget, 0)]
+        self.selected = order
         at = {n: j for j, n in enumerate(order)}
         return ([self.nodes[n].token for n in order],
                 [at.get(self.nodes[n].parent, -1) for n in order])

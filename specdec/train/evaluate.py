@@ -11,6 +11,11 @@ and every head is judged on the same answers. Heads run in float32 here (the eng
 
     python -m specdec.train.evaluate --quantization int4 --prompts builtin,humaneval:20 --categories code-gen \\
         --head eagle3=specdec/heads/qwen2.5-coder-1.5b-instruct/eagle3 --head medusa=OTHER/medusa
+
+`--calibrate` also reports, per sibling rank of a token tree, how well the head's probabilities predict that its
+guess is the answer's token (mean probability, hit rate, and the exponent a that makes p^a the hit rate): what the
+engine's trees learn online (proposers/tree_calibration.py). `--data SOURCES` judges on training sources' asks
+(e.g. `functions:pydash[200:280]`, which no shipped head was trained on) instead of the benchmark's prompts.
 """
 from __future__ import annotations
 
@@ -59,16 +64,25 @@ def teacher_forced(model, answered: list[tuple[list[int], list[int], bool]], lay
 
 
 @torch.inference_mode()
-def guesses(method: str, head, embed: torch.nn.Embedding, answer: Answer, k: int, num_layers: int) -> torch.Tensor:
-    """[k, T] target ids: row j, column t is the head's guess for token t + j + 2 from the states up to t and the
-    tokens up to t + j + 1 (a chain drafted after token t + 1 holds guesses 0..k-1 of column t)."""
+def step_logits(method: str, head, embed: torch.nn.Embedding, answer: Answer, k: int,
+                num_layers: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The head's logits for k draft steps over the answer, k x [T, V'] (row t of step j: token t + j + 2, as in
+    `guesses`), and its map from the V' draft ids to target ids."""
     x = answer.tokens
     states = torch.cat([answer.states[i] for i in head_layers(method, head, num_layers)], -1)[None].float()
     if method == "medusa":                                                                  # states [1, T, H]
-        return torch.stack([head.token_map[lg[0].argmax(-1)] for lg in head(states, k)])
+        return [lg[0] for lg in head(states, k)], head.token_map
     emb = embed(torch.cat([x[1:], x[-1:]])[None]).float()                                   # x_{t+1} per row t
     logits = head.train_forward(emb, head.fuse(states), k)                                  # states [1, T, 3H]
-    return torch.stack([head.draft_to_target[lg[0].argmax(-1)] for lg in logits])
+    return [lg[0] for lg in logits], head.draft_to_target
+
+
+@torch.inference_mode()
+def guesses(method: str, head, embed: torch.nn.Embedding, answer: Answer, k: int, num_layers: int) -> torch.Tensor:
+    """[k, T] target ids: row j, column t is the head's guess for token t + j + 2 from the states up to t and the
+    tokens up to t + j + 1 (a chain drafted after token t + 1 holds guesses 0..k-1 of column t)."""
+    logits, to_target = step_logits(method, head, embed, answer, k, num_layers)
+    return torch.stack([to_target[lg.argmax(-1)] for lg in logits])
 
 
 def replay_chain(tokens: torch.Tensor, prompt_len: int, guess: torch.Tensor, k: int,
@@ -115,6 +129,58 @@ def acceptance(method: str, head, embed: torch.nn.Embedding, done: list[Answer],
                       [a / max(1, s) for a, s in zip(agree, seen)], inside / max(1, answer_tokens), len(steps))
 
 
+@torch.inference_mode()
+def tree_guesses(method: str, head, embed: torch.nn.Embedding, done: list[Answer], depth: int, topk: int,
+                 num_layers: int) -> list[list[tuple[float, bool]]]:
+    """Per sibling rank r < topk: (the head's probability of its r-th guess, whether that guess is the answer's
+    token) at every draft step a greedy token tree could test it. Step j of column t counts when the answer's
+    tokens of steps 0..j-1 were each among their step's topk guesses: the tree can hold the answer's path there,
+    and verification reaches the step exactly when the guesses above it were right."""
+    pairs: list[list[tuple[float, bool]]] = [[] for _ in range(topk)]
+    for ans in done:
+        logits, to_target = step_logits(method, head, embed, ans, depth, num_layers)
+        x, P, T = ans.tokens, ans.prompt_len, len(ans.tokens)
+        cols = torch.arange(P - 1, T - 2)                                   # drafting after answer token t + 1
+        reach = torch.ones(len(cols), dtype=torch.bool)
+        for j in range(depth):
+            m = reach & (cols + j + 2 < T)
+            lp, idx = torch.log_softmax(logits[j][cols].float(), -1).topk(topk, -1)     # [C, topk]
+            hit = to_target[idx] == x[(cols + j + 2).clamp(max=T - 1)][:, None]          # [C, topk]
+            for r in range(topk):
+                pairs[r] += zip(lp[m, r].exp().tolist(), hit[m, r].tolist())
+            reach = m & hit.any(-1)
+    return pairs
+
+
+def calibration(method: str, head, embed: torch.nn.Embedding, done: list[Answer], depth: int, topk: int,
+                num_layers: int) -> tuple[list[float], list[tuple[float, float, int]]]:
+    """Tree calibration exponents per sibling rank (see proposers/tree.py), and per rank (mean probability, hit
+    rate, guesses) as measured."""
+    from ..proposers.tree_calibration import fit_exponent
+
+    pairs = tree_guesses(method, head, embed, done, depth, topk, num_layers)
+    seen = [(sum(p for p, _ in ps) / max(1, len(ps)), sum(h for _, h in ps) / max(1, len(ps)), len(ps))
+            for ps in pairs]
+    exps = [fit_exponent(torch.tensor([p for p, _ in ps]).log(), torch.tensor([h for _, h in ps])) if ps else 1.0
+            for ps in pairs]
+    return exps, seen
+
+
+def prompts_from_sources(sources: str, tokenizer) -> list[dict]:
+    """Training sources (train.data's syntax) -> their conversations' asks (up to the first user turn), as prompts."""
+    from .data import load_source
+
+    out = []
+    for part in [s.strip() for s in sources.split(",") if s.strip()]:
+        for doc in load_source(part, tokenizer):
+            if not doc or not isinstance(doc[0], dict):
+                raise SpecDecError(f"--data {part}: held-out prompts need conversations (not plain text or code)")
+            first = next((j for j, m in enumerate(doc) if m.get("role") == "user"), None)
+            if first is not None:
+                out.append({"messages": doc[: first + 1], "category": part})
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     from ..bench.datasets import load_prompts
     from ..config import SpeculativeConfig
@@ -125,23 +191,35 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m specdec.train.evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quantization", default="none", choices=["none", "int8", "int4"], help="the target's linears")
     ap.add_argument("--prompts", default="builtin,humaneval:20")
+    ap.add_argument("--data", default=None, metavar="SOURCES",
+                    help="judge on these training sources' asks instead of --prompts (train-head's syntax, e.g. "
+                         "functions:pydash[200:]): held-out text for --calibrate")
     ap.add_argument("--categories", default=None, help="comma list: keep only these prompt categories")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4, help="chain length (Medusa: at most its number of heads)")
     ap.add_argument("--head", action="append", default=[], metavar="METHOD[=DIR]",
                     help="a head to judge (repeatable); without DIR the one shipped for the target")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="also report how well each head's probabilities predict acceptance in a token tree of --topk "
+                         "guesses per node and --k levels (per sibling rank: the exponent a that makes p^a the hit "
+                         "rate; the engine learns the same online, see proposers/tree_calibration.py)")
+    ap.add_argument("--topk", type=int, default=4, help="--calibrate: guesses per node")
     args = ap.parse_args(argv)
     prog = "python -m specdec.train.evaluate"
     heads = [(h.partition("=")[0], h.partition("=")[2] or None) for h in args.head or ["eagle3", "medusa"]]
     bad = [m for m, _ in heads if m not in ("eagle3", "medusa")]
-    if bad or args.k < 1 or args.max_tokens < 2:
-        raise SystemExit(f"{prog}: heads must be eagle3 or medusa (got {bad}), --k >= 1, --max-tokens >= 2")
-    prompts = load_prompts(args.prompts)
+    if bad or args.k < 1 or args.max_tokens < 2 or not 1 <= args.topk <= 16:
+        raise SystemExit(f"{prog}: heads must be eagle3 or medusa (got {bad}), --k >= 1, --max-tokens >= 2, "
+                         "--topk in 1..16")
+    llm = LLM(quantization=args.quantization, progress=False)
+    try:
+        prompts = prompts_from_sources(args.data, llm.tokenizer) if args.data else load_prompts(args.prompts)
+    except SpecDecError as e:
+        raise SystemExit(f"{prog}: {e}") from None
     if args.categories:
         prompts = [p for p in prompts if p.get("category") in args.categories.split(",")]
     if not prompts:
-        raise SystemExit(f"{prog}: no prompts in {args.prompts} of categories {args.categories}")
-    llm = LLM(quantization=args.quantization, progress=False)
+        raise SystemExit(f"{prog}: no prompts in {args.data or args.prompts} of categories {args.categories}")
     model = llm.target.model
     try:
         loaded = [(m, d, load_head(d or shipped_head(m, llm.target.name), model, torch.float32).module)
@@ -163,6 +241,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {m} | {d or 'shipped'} | {r.mean_accepted_length:.3f} | "
               f"{' / '.join(f'{p:.3f}' for p in r.per_position)} | {' / '.join(f'{a:.3f}' for a in r.agree)} | "
               f"{r.in_vocab:.3f} |")
+    if not args.calibrate:
+        return
+    print(f"\ntoken-tree calibration: {args.topk} guesses per node, {args.k} levels; per sibling rank: mean "
+          "probability -> hit rate (guesses), fitted exponent")
+    for m, d, h in loaded:
+        depth = min(args.k, h.cfg.num_heads) if m == "medusa" else args.k
+        exps, seen = calibration(m, h, model.embed_tokens, done, depth, args.topk, model.config.num_layers)
+        ranks = "; ".join(f"{p:.3f} -> {q:.3f} ({n}) a={a:.2f}" for a, (p, q, n) in zip(exps, seen))
+        print(f"- {m} ({d or 'shipped'}): {ranks}")
 
 
 if __name__ == "__main__":
