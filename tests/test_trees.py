@@ -24,6 +24,16 @@ def target(request, tiny_dirs, tmp_path_factory):
     return load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
 
 
+def _engine_with_both_heads(target):
+    """An engine with random EAGLE-3 and Medusa heads, the test prompt's ids, and its plain greedy output."""
+    ids = target.tokenizer.encode(PROMPT)
+    model = target.model
+    dtype = model.embed_tokens.weight.dtype
+    heads = {"eagle3": _eagle3(model).to(dtype), "medusa": _medusa(model, truncated=150).to(dtype)}
+    engine = LLMEngine(model, target.tokenizer, heads=heads)
+    return engine, ids, _generate(engine, ids, SpeculativeConfig("none")).output_ids
+
+
 def _kv(model, n):
     kv = model.new_kv()
     kv.resize(-(-n // model.key_block) * model.key_block)
@@ -98,6 +108,8 @@ def test_tree_size_follows_the_measured_cost_of_rows():
     tokens, parents = b.select(8, steep)
     # 1 node: (1 + 0.7) / 1.5 = 1.13; 2 nodes (+0.42): 2.12 / 2 = 1.06 -> one node
     assert tokens == [0] and parents == [-1]
+    # a drafting cost paid whatever the size (a forward here) makes a second node pay: 1.7 / 2.5 < 2.12 / 3
+    assert b.select(8, steep, step_cost=1.0) == ([0, 0], [-1, 0])
 
 
 
@@ -173,12 +185,7 @@ def test_tree_calibration_counts_tested_guesses_and_fits_their_hit_rate():
 def test_heads_learn_their_tree_calibration_from_verification(target):
     """Every accepted tree node is a hit the calibration records, every tested node an observation; greedy output
     is plain decoding's whatever the calibration says."""
-    ids = target.tokenizer.encode(PROMPT)
-    model = target.model
-    dtype = model.embed_tokens.weight.dtype
-    heads = {"eagle3": _eagle3(model).to(dtype), "medusa": _medusa(model, truncated=150).to(dtype)}
-    engine = LLMEngine(model, target.tokenizer, heads=heads)
-    base = _generate(engine, ids, SpeculativeConfig("none")).output_ids
+    engine, ids, base = _engine_with_both_heads(target)
     for method in ("eagle3", "medusa"):
         cal = engine.heads[method].calibration
         seq = _generate(engine, ids, SpeculativeConfig(method, 6, eagle_topk=3, num_steps=3))
@@ -240,12 +247,7 @@ def test_accepted_paths_behind_decoys_are_compacted(target):
 
 @pytest.mark.parametrize("k,topk,steps", [(3, 2, 2), (6, 2, 3), (8, 4, 4), (5, 3, 1)])
 def test_greedy_parity_for_tree_shapes(target, k, topk, steps):
-    ids = target.tokenizer.encode(PROMPT)
-    model = target.model
-    dtype = model.embed_tokens.weight.dtype
-    heads = {"eagle3": _eagle3(model).to(dtype), "medusa": _medusa(model, truncated=150).to(dtype)}
-    engine = LLMEngine(model, target.tokenizer, heads=heads)
-    base = _generate(engine, ids, SpeculativeConfig("none")).output_ids
+    engine, ids, base = _engine_with_both_heads(target)
     for method in ("eagle3", "medusa"):
         seq = _generate(engine, ids, SpeculativeConfig(method, k, eagle_topk=topk, num_steps=steps))
         assert seq.output_ids == base, method
@@ -346,3 +348,5 @@ def test_llm_sizes_trees_with_its_measured_cost_model(tiny_dirs, tmp_path, monke
     plain = llm.generate(ids, params, spec="none")[0].token_ids
     out = llm.generate(ids, params, spec=SpeculativeConfig("medusa", 8, eagle_topk=3, num_steps=3))[0]
     assert out.token_ids == plain and out.stats.draft_tokens > 0
+    # the head's drafting, measured with the cost model, counts in each tree step's cost
+    assert 0.0 < llm.engine.head_step_cost("medusa", 1) <= llm.engine.head_step_cost("medusa", 3)

@@ -28,6 +28,7 @@ class ProposalContext:
     depth: int = 0                         # ... and go this deep (0: k)
     # V(n), the target's forward over n rows relative to one (measured): sizes a tree; None: k nodes
     row_cost: Callable[[int], float] | None = None
+    step_cost: float = 0.0                 # the proposer's own drafting per step, in target forwards (sizes a tree)
 
     @property
     def tree(self) -> bool:

@@ -152,7 +152,7 @@ class Eagle3Proposer(Proposer):
             # a level is grown only where some node it grows from could still be verified (no head forward for
             # rows whose subtrees the cost model would cut anyway)
             grow = [(s, b.frontier) for s, (b, ctx, k) in enumerate(zip(builders, ctxs, budgets))
-                    if depth < ctx.depth and b.pick_frontier(depth) and b.worth_growing(k, ctx.row_cost)]
+                    if depth < ctx.depth and b.pick_frontier(depth) and b.worth_growing(k, ctx.row_cost, ctx.step_cost)]
             if not grow:
                 break
             spans, toks, gs, positions, rows = [], [], [], [], []
@@ -181,7 +181,7 @@ class Eagle3Proposer(Proposer):
                     h_of[(s, i)] = h_row
         out = []
         for b, k, ctx in zip(builders, budgets, ctxs):
-            tokens, parents = b.select(k, ctx.row_cost)
+            tokens, parents = b.select(k, ctx.row_cost, ctx.step_cost)
             self.calibration.remember(ctx.seq_id, *b.selected_guesses(), parents)
             out.append((tokens, parents))
         return out

@@ -72,7 +72,7 @@ class MedusaProposer(Proposer):
         for depth in range(1, len(top)):
             for node in b.pick_frontier(depth):
                 b.add_top(node, *top[depth])
-        tokens, parents = b.select(budget, ctx.row_cost)
+        tokens, parents = b.select(budget, ctx.row_cost, ctx.step_cost)
         self.calibration.remember(ctx.seq_id, *b.selected_guesses(), parents)
         return Draft(torch.tensor(tokens, dtype=torch.long), None, parents)
 

@@ -78,33 +78,37 @@ class TreeBuilder:
     def _ranked(self) -> list[int]:
         return sorted(range(len(self.nodes)), key=lambda i: (-self.nodes[i].score, self.nodes[i].depth, i))
 
-    def _size(self, ranked: list[int], budget: int, row_cost: Callable[[int], float] | None) -> int:
+    def _size(self, ranked: list[int], budget: int, row_cost: Callable[[int], float] | None,
+              step_cost: float = 0.0) -> int:
         """How many of the ranked nodes to keep: budget, or with row_cost the count whose expected tokens per unit
-        of verification time, (1 + the kept nodes' path probabilities) / V(1 + kept), is highest."""
+        of step time, (1 + the kept nodes' path probabilities) / (V(1 + kept) + step_cost), is highest (step_cost:
+        the drafting, paid whatever the tree's size)."""
         if row_cost is None or not ranked:
             return budget
         best, expected = (1, 0.0), 1.0
         for n, i in enumerate(ranked[:budget], 1):
             expected += math.exp(self.nodes[i].score)
-            rate = expected / row_cost(n + 1)
+            rate = expected / (row_cost(n + 1) + step_cost)
             if n == 1 or rate > best[1] + 1e-9:
                 best = (n, rate)
         return best[0]
 
-    def worth_growing(self, budget: int, row_cost: Callable[[int], float] | None = None) -> bool:
+    def worth_growing(self, budget: int, row_cost: Callable[[int], float] | None = None,
+                      step_cost: float = 0.0) -> bool:
         """Whether expanding the frontier can still pay: some frontier node is among the nodes `select` would keep
         now. A child scores at most its parent, so below a node that is not kept nothing would be (short of a rare
         case where many children together would lengthen the kept list; then the tree is a little smaller)."""
         ranked = self._ranked()
-        kept = set(ranked[: self._size(ranked, budget, row_cost)])
+        kept = set(ranked[: self._size(ranked, budget, row_cost, step_cost)])
         return any(f in kept for f in self.frontier)
 
-    def select(self, budget: int, row_cost: Callable[[int], float] | None = None) -> tuple[list[int], list[int]]:
+    def select(self, budget: int, row_cost: Callable[[int], float] | None = None,
+               step_cost: float = 0.0) -> tuple[list[int], list[int]]:
         """The likeliest nodes, at most `budget`, as (tokens, parents) in verification order: by depth, parents
         first. With row_cost (V(n): a target forward over n rows relative to one), the number kept maximises
         (1 + the kept nodes' path probabilities) / V(1 + kept)."""
         ranked = self._ranked()
-        budget = self._size(ranked, budget, row_cost)
+        budget = self._size(ranked, budget, row_cost, step_cost)
         keep = set(ranked[:budget])
         for i in list(keep):                      # ties at -0.0 aside, ancestors are kept already
             keep.update(self.path(i))
