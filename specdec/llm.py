@@ -101,7 +101,6 @@ class LLM:
         self._rows: CostModel | None = None
         if self.heads:                              # token trees are sized by the measured cost of rows
             self.engine.row_cost = self.row_cost
-            self.engine.head_step_cost = self.head_step_cost
         self._ids = itertools.count()
 
     @property
@@ -133,13 +132,6 @@ class LLM:
         if self._rows is None:
             self._rows = self._policy.cost if self._policy is not None else self.cost_model(DEFAULT_K["auto"])
         return self._rows.V(n)
-
-    def head_step_cost(self, method: str, depth: int) -> float:
-        """A learned head's drafting for a tree or chain `depth` deep, in target forwards, from the cost model: its
-        first draft token and each further level (h1 + (depth - 1) h); 0 for a head the model has not measured."""
-        self.row_cost(1)
-        h1, h = self._rows.heads.get(method, (0.0, 0.0))
-        return h1 + max(depth - 1, 0) * h
 
     def cost_model(self, k_max: int) -> CostModel:
         import hashlib

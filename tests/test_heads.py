@@ -471,6 +471,12 @@ def test_tree_guesses_follow_the_answer_while_the_tree_could_hold_it(monkeypatch
     assert [h for _, h in pairs[0]] == [True, False, False, True, True]
     assert [h for _, h in pairs[1]] == [False, True, False, False, False]
     assert pairs[0][0][0] == pytest.approx(torch.softmax(step0[1], -1)[2].item())
+    # the exponent that makes p^a the hit rate: 2 for guesses right p^2 of the time, 1 for calibrated ones
+    gen = torch.Generator().manual_seed(0)
+    p = torch.rand(4000, generator=gen) * 0.98 + 0.01
+    u = torch.rand(4000, generator=gen)
+    assert abs(ev.fit_exponent(p.log(), u < p ** 2) - 2.0) <= 0.15
+    assert abs(ev.fit_exponent(p.log(), u < p) - 1.0) <= 0.1
 
 
 def test_sharegpt_code_sources_pick_code_conversations():

@@ -24,16 +24,6 @@ def target(request, tiny_dirs, tmp_path_factory):
     return load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
 
 
-def _engine_with_both_heads(target):
-    """An engine with random EAGLE-3 and Medusa heads, the test prompt's ids, and its plain greedy output."""
-    ids = target.tokenizer.encode(PROMPT)
-    model = target.model
-    dtype = model.embed_tokens.weight.dtype
-    heads = {"eagle3": _eagle3(model).to(dtype), "medusa": _medusa(model, truncated=150).to(dtype)}
-    engine = LLMEngine(model, target.tokenizer, heads=heads)
-    return engine, ids, _generate(engine, ids, SpeculativeConfig("none")).output_ids
-
-
 def _kv(model, n):
     kv = model.new_kv()
     kv.resize(-(-n // model.key_block) * model.key_block)
@@ -108,8 +98,6 @@ def test_tree_size_follows_the_measured_cost_of_rows():
     tokens, parents = b.select(8, steep)
     # 1 node: (1 + 0.7) / 1.5 = 1.13; 2 nodes (+0.42): 2.12 / 2 = 1.06 -> one node
     assert tokens == [0] and parents == [-1]
-    # a drafting cost paid whatever the size (a forward here) makes a second node pay: 1.7 / 2.5 < 2.12 / 3
-    assert b.select(8, steep, step_cost=1.0) == ([0, 0], [-1, 0])
 
 
 
@@ -127,77 +115,6 @@ def test_tree_grows_a_level_only_where_a_frontier_node_would_be_verified():
     assert not b.worth_growing(8, steep)                        # neither 0.1 node pays for its row
     assert b.worth_growing(8, lambda n: 1.0)                    # rows free: everything is kept
     assert not b.worth_growing(2)                               # a budget of 2 keeps 0 and 1 only
-
-def test_calibration_scales_each_guess_by_its_sibling_rank():
-    """calibration[r] multiplies a rank-r guess's log-probability (the last serves later ranks): children keep their
-    order, an overconfident head's tree shrinks, and the raw guesses stay on record for the calibration itself."""
-    ids = torch.arange(6)
-    first = torch.tensor([0.6, 0.3, 0.05, 0.03, 0.01, 0.01]).log()
-    second = torch.tensor([0.8, 0.1, 0.05, 0.03, 0.01, 0.01]).log()
-    cost = lambda n: 1.0 + 0.1 * (n - 1)                        # noqa: E731 - every row a tenth of a forward
-    sizes = {}
-    for cal in ((), (2.0, 1.0), (2.0,)):
-        b = TreeBuilder(topk=3, calibration=cal)
-        b.add_children(-1, first, ids)
-        b.pick_frontier(1)
-        for node in b.frontier:
-            b.add_children(node, second, ids)
-        a0, a1 = (cal[0], cal[-1]) if cal else (1.0, 1.0)
-        assert [n.token for n in b.nodes[:3]] == [0, 1, 2]      # the order of siblings never changes
-        assert b.nodes[0].score == pytest.approx(a0 * first[0].item())
-        assert b.nodes[2].score == pytest.approx(a1 * first[2].item())
-        assert b.nodes[3].score == pytest.approx(a0 * (first[0] + second[0]).item())     # node 0's best child
-        tokens, parents = b.select(8, cost)
-        ranks, logps = b.selected_guesses()
-        assert len(ranks) == len(tokens) and ranks[0] == 0 and logps[0] == pytest.approx(first[0].item())
-        sizes[cal] = len(tokens)
-    # raw: 0.6, 0.48, 0.3, 0.24, ... all pay; squared: 0.36, 0.23, 0.3 (and 0.09 ...) stop sooner
-    assert sizes[(2.0,)] < sizes[(2.0, 1.0)] <= sizes[()]
-
-
-def test_tree_calibration_counts_tested_guesses_and_fits_their_hit_rate():
-    from specdec.proposers import tree_calibration as tc
-
-    # parents by draft index: 0 and 1 hang off the newest token, 2 and 3 off 0, 4 off 2; accepted path 0 -> 2
-    cal = tc.TreeCalibration()
-    cal.remember(7, [0, 1, 0, 1, 0], [-0.1, -2.0, -0.2, -1.5, -0.3], [-1, -1, 0, 0, 2])
-    cal.verified(7, [0, 2])
-    assert list(cal.hit[0]) == [True, True, False] and list(cal.logp[0]) == [-0.1, -0.2, -0.3]     # 0, 2, 4
-    assert list(cal.hit[1]) == [False, False]                                                      # 1, 3
-    cal.verified(7, [0])                                        # no tree pending for it any more: nothing counted
-    cal.remember(8, [0, 1], [-0.5, -1.0], [-1, 0])
-    cal.forget(8)                                               # a finished sequence's tree is dropped
-    cal.verified(8, [])
-    assert len(cal.logp[0]) == 3 and cal.exponents == ()       # too few guesses to fit: uncalibrated
-    # guesses whose hit rate is p^2 (an overconfident head) and p (a calibrated one)
-    gen = torch.Generator().manual_seed(0)
-    p = torch.rand(4000, generator=gen) * 0.98 + 0.01
-    u = torch.rand(4000, generator=gen)
-    assert abs(tc.fit_exponent(p.log(), u < p ** 2) - 2.0) <= 0.15
-    assert abs(tc.fit_exponent(p.log(), u < p) - 1.0) <= 0.1
-    cal = tc.TreeCalibration()
-    for lp, h in zip(p.log().tolist(), (u < p ** 2).tolist()):
-        cal.observe([0], [lp], [-1], [0] if h else [])
-    a0, a1 = cal.exponents
-    assert abs(a0 - 2.0) <= 0.15 and a1 == 1.0                  # only best guesses were seen
-
-
-def test_heads_learn_their_tree_calibration_from_verification(target):
-    """Every accepted tree node is a hit the calibration records, every tested node an observation; greedy output
-    is plain decoding's whatever the calibration says."""
-    engine, ids, base = _engine_with_both_heads(target)
-    for method in ("eagle3", "medusa"):
-        cal = engine.heads[method].calibration
-        seq = _generate(engine, ids, SpeculativeConfig(method, 6, eagle_topk=3, num_steps=3))
-        assert seq.output_ids == base, method
-        hits = sum(sum(h) for h in cal.hit)
-        assert hits == seq.stats.accepted_tokens, method
-        assert len(cal.logp[0]) >= seq.stats.draft_steps, method        # the root's best guess is always tested
-        assert not cal.pending, method                                  # every tree came back verified
-        cal.a = [3.0, 3.0]                                              # a (wrongly) timid head: smaller trees
-        again = _generate(engine, ids, SpeculativeConfig(method, 6, eagle_topk=3, num_steps=3), rid="again")
-        assert again.output_ids == base, method
-
 
 class OracleTree(Proposer):
     """A tree whose true path hides behind a decoy at every level (so compaction moves K/V): it knows the plain
@@ -247,7 +164,12 @@ def test_accepted_paths_behind_decoys_are_compacted(target):
 
 @pytest.mark.parametrize("k,topk,steps", [(3, 2, 2), (6, 2, 3), (8, 4, 4), (5, 3, 1)])
 def test_greedy_parity_for_tree_shapes(target, k, topk, steps):
-    engine, ids, base = _engine_with_both_heads(target)
+    ids = target.tokenizer.encode(PROMPT)
+    model = target.model
+    dtype = model.embed_tokens.weight.dtype
+    heads = {"eagle3": _eagle3(model).to(dtype), "medusa": _medusa(model, truncated=150).to(dtype)}
+    engine = LLMEngine(model, target.tokenizer, heads=heads)
+    base = _generate(engine, ids, SpeculativeConfig("none")).output_ids
     for method in ("eagle3", "medusa"):
         seq = _generate(engine, ids, SpeculativeConfig(method, k, eagle_topk=topk, num_steps=steps))
         assert seq.output_ids == base, method
@@ -348,5 +270,3 @@ def test_llm_sizes_trees_with_its_measured_cost_model(tiny_dirs, tmp_path, monke
     plain = llm.generate(ids, params, spec="none")[0].token_ids
     out = llm.generate(ids, params, spec=SpeculativeConfig("medusa", 8, eagle_topk=3, num_steps=3))[0]
     assert out.token_ids == plain and out.stats.draft_tokens > 0
-    # the head's drafting, measured with the cost model, counts in each tree step's cost
-    assert 0.0 < llm.engine.head_step_cost("medusa", 1) <= llm.engine.head_step_cost("medusa", 3)

@@ -71,9 +71,6 @@ class LLMEngine:
         # V(n), a target forward over n rows relative to one (the cost model's): sizes learned heads' token trees;
         # None keeps num_speculative_tokens nodes
         self.row_cost: Callable[[int], float] | None = None
-        # a head's drafting per step in target forwards (method, tree depth) -> cost: the part of a tree step's cost
-        # that does not grow with its rows; None: 0
-        self.head_step_cost: Callable[[str, int], float] | None = None
         self._policy_factory = policy_factory
         self._policy = None
         self.seqs: dict[str, Sequence] = {}
@@ -246,9 +243,6 @@ class LLMEngine:
                     self.kv.compact(seq.seq_id, start, kept)
                     lg = lg[torch.tensor(kept, device=lg.device)]
                 committed = self._commit(seq, plan, num_accepted, emitted, t0, t1, t2)
-                if kept is not None:                     # the head learns how often its tree guesses are accepted
-                    self.heads[self._head_of(seq)].observe(VerifyResult(
-                        seq.seq_id, plan.draft.depth, num_accepted, len(seq.token_ids), [i - 1 for i in kept[1:]]))
                 if plan is not None and hidden[j] is not None and not seq.finished:
                     # the newest token and the accepted drafts: the rows whose K/V the target kept
                     rows = slice(0, 1 + num_accepted) if kept is None else torch.tensor(kept)
@@ -352,16 +346,12 @@ class LLMEngine:
                     to_head.setdefault(sp.controller.model, []).append((i, k))
                 elif k > 0 and self.draft is not None:
                     to_draft.append((i, k))
-        for name, proposer, wanted in [("draft", self.draft, to_draft),
-                                       *((m, self.heads[m], w) for m, w in to_head.items())]:
+        for proposer, wanted in [(self.draft, to_draft), *((self.heads[m], w) for m, w in to_head.items())]:
             if not wanted:
                 continue
-            ctxs = []
-            for i, k in wanted:
-                depth = min(seqs[i].spec.depth, k)
-                fixed = self.head_step_cost(name, depth) if self.head_step_cost and name in self.heads else 0.0
-                ctxs.append(ProposalContext(seqs[i].seq_id, seqs[i].token_ids, seqs[i].params, seqs[i].generator,
-                                            seqs[i].constraint, seqs[i].spec.topk, depth, self.row_cost, fixed))
+            ctxs = [ProposalContext(seqs[i].seq_id, seqs[i].token_ids, seqs[i].params, seqs[i].generator,
+                                    seqs[i].constraint, seqs[i].spec.topk, min(seqs[i].spec.depth, k), self.row_cost)
+                    for i, k in wanted]
             for (i, _), ctx, draft in zip(wanted, ctxs, proposer.propose(ctxs, [k for _, k in wanted])):
                 # only a greedy request without a grammar is verified as a tree (exactly: by argmax)
                 plans[i].draft = draft if draft.parents is None or ctx.tree else empty_draft()

@@ -28,7 +28,6 @@ class ProposalContext:
     depth: int = 0                         # ... and go this deep (0: k)
     # V(n), the target's forward over n rows relative to one (measured): sizes a tree; None: k nodes
     row_cost: Callable[[int], float] | None = None
-    step_cost: float = 0.0                 # the proposer's own drafting per step, in target forwards (sizes a tree)
 
     @property
     def tree(self) -> bool:
@@ -73,8 +72,6 @@ class VerifyResult:
     num_draft: int
     num_accepted: int
     committed_len: int                     # tokens in the sequence after this step
-    path: list[int] | None = None          # a token tree's accepted nodes (draft indices, root side first); None
-                                           # for a chain
 
 
 class Proposer(ABC):

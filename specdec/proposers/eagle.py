@@ -18,9 +18,8 @@ import torch
 from ..engine.kv_manager import KVManager
 from ..models.attn_metadata import causal_metadata, tree_keys
 from ..models.eagle3 import Eagle3Head
-from .base import Draft, ProposalContext, Proposer, VerifyResult, empty_draft, head_draft_token
+from .base import Draft, ProposalContext, Proposer, empty_draft, head_draft_token
 from .tree import TreeBuilder
-from .tree_calibration import TreeCalibration
 
 DECODE_ROWS = 16     # feeds up to this many rows take the row-by-row attention
 
@@ -62,7 +61,6 @@ class Eagle3Proposer(Proposer):
         self.d2t = head.draft_to_target             # [draft_vocab] target ids
         self.dtype = head.dtype
         self.logits = output_head or head.compute_logits      # h [N, H] -> [N, draft_vocab] fp32
-        self.calibration = TreeCalibration()                  # how often this head's tree guesses are accepted
 
     def accept_hidden(self, seq_id: int, start: int, hidden: dict[int, torch.Tensor]) -> None:
         rows = torch.cat([hidden[i] for i in self.target_hidden], -1)          # [n, 3H]
@@ -141,7 +139,7 @@ class Eagle3Proposer(Proposer):
                      feeds: list[tuple]) -> list[tuple[list[int], list[int]]]:
         """EAGLE-2 trees for greedy sequences: h_root [S, H] the head's state after each one's newest token."""
         device = h_root.device
-        builders = [TreeBuilder(ctx.topk, self.calibration.exponents) for ctx in ctxs]
+        builders = [TreeBuilder(ctx.topk) for ctx in ctxs]
         for b, (lp, tok) in zip(builders, self._top(h_root, [ctx.topk for ctx in ctxs])):
             b.add_top(-1, lp, tok)
         h_of: dict[tuple[int, int], torch.Tensor] = {}                              # (seq, node) -> h of its parent
@@ -152,7 +150,7 @@ class Eagle3Proposer(Proposer):
             # a level is grown only where some node it grows from could still be verified (no head forward for
             # rows whose subtrees the cost model would cut anyway)
             grow = [(s, b.frontier) for s, (b, ctx, k) in enumerate(zip(builders, ctxs, budgets))
-                    if depth < ctx.depth and b.pick_frontier(depth) and b.worth_growing(k, ctx.row_cost, ctx.step_cost)]
+                    if depth < ctx.depth and b.pick_frontier(depth) and b.worth_growing(k, ctx.row_cost)]
             if not grow:
                 break
             spans, toks, gs, positions, rows = [], [], [], [], []
@@ -179,12 +177,7 @@ class Eagle3Proposer(Proposer):
                 builders[s].add_top(node, lp, tok)
                 for i in range(first, len(builders[s].nodes)):
                     h_of[(s, i)] = h_row
-        out = []
-        for b, k, ctx in zip(builders, budgets, ctxs):
-            tokens, parents = b.select(k, ctx.row_cost, ctx.step_cost)
-            self.calibration.remember(ctx.seq_id, *b.selected_guesses(), parents)
-            out.append((tokens, parents))
-        return out
+        return [b.select(k, ctx.row_cost) for b, k, ctx in zip(builders, budgets, ctxs)]
 
     def _top(self, h: torch.Tensor, topks: list[int]) -> list[tuple[list[float], list[int]]]:
         """Per row of h [R, H], its topks[r] likeliest draft tokens as (log-probabilities, target ids), best first:
@@ -194,11 +187,7 @@ class Eagle3Proposer(Proposer):
         lps, toks = lp.tolist(), self.d2t[idx].tolist()
         return [(a[:n], b[:n]) for a, b, n in zip(lps, toks, topks)]
 
-    def observe(self, result: VerifyResult) -> None:
-        self.calibration.verified(result.seq_id, result.path)
-
     def release(self, seq_id: int) -> None:
-        self.calibration.forget(seq_id)
         self.kv.free_seq(seq_id)
         self.pending.pop(seq_id, None)
         self.fed.pop(seq_id, None)

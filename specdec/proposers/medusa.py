@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 
 from ..models.medusa import MedusaHeads
-from .base import Draft, ProposalContext, Proposer, VerifyResult, empty_draft, head_draft_token
+from .base import Draft, ProposalContext, Proposer, empty_draft, head_draft_token
 from .tree import TreeBuilder
-from .tree_calibration import TreeCalibration
 
 
 class MedusaProposer(Proposer):
@@ -29,7 +28,6 @@ class MedusaProposer(Proposer):
         self.vocab_size = vocab_size
         self.target_hidden = (num_layers,)          # the target's final normed hidden state
         self.last: dict[int, tuple[int, torch.Tensor]] = {}   # seq -> (position, hidden [H]) of its last committed row
-        self.calibration = TreeCalibration()                 # how often these heads' tree guesses are accepted
 
     def accept_hidden(self, seq_id: int, start: int, hidden: dict[int, torch.Tensor]) -> None:
         rows = hidden[self.target_hidden[0]]
@@ -62,7 +60,7 @@ class MedusaProposer(Proposer):
 
     def _tree(self, ctx: ProposalContext, budget: int, logits: list[torch.Tensor]) -> Draft:
         """A tree over the heads' guesses: logits[j] [V'] is head j's, one level per head."""
-        b = TreeBuilder(ctx.topk, self.calibration.exponents)
+        b = TreeBuilder(ctx.topk)
         # a head's guesses do not depend on the node they follow: one top-k per level serves every node of it
         top = []
         for lg in logits:
@@ -72,15 +70,10 @@ class MedusaProposer(Proposer):
         for depth in range(1, len(top)):
             for node in b.pick_frontier(depth):
                 b.add_top(node, *top[depth])
-        tokens, parents = b.select(budget, ctx.row_cost, ctx.step_cost)
-        self.calibration.remember(ctx.seq_id, *b.selected_guesses(), parents)
+        tokens, parents = b.select(budget, ctx.row_cost)
         return Draft(torch.tensor(tokens, dtype=torch.long), None, parents)
 
-    def observe(self, result: VerifyResult) -> None:
-        self.calibration.verified(result.seq_id, result.path)
-
     def release(self, seq_id: int) -> None:
-        self.calibration.forget(seq_id)
         self.last.pop(seq_id, None)
 
     @property

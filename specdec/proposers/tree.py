@@ -2,10 +2,7 @@
 the nodes most likely to be accepted, and hand verification one tree.
 
 A node's score is the log of the head's probability of its whole path (the product of its ancestors' and its own
-probabilities): under a calibrated head that is the chance verification reaches it. Heads are not always calibrated,
-so `calibration` corrects the head per sibling rank r: a guess's log-probability is multiplied by calibration[r] (the
-last serves every rank after it; p -> p^a, a > 1 lowers confidence), exponents the engine learns from verification
-(proposers/tree_calibration.py). A node's children keep their order; the kept tree's size and shape change. Expansion grows the `topk`
+probabilities): under a calibrated head that is the chance verification reaches it. Expansion grows the `topk`
 best nodes of each level by their `topk` best children; re-ranking keeps the `budget` best nodes of everything
 expanded. Scores only fall along a path, so the kept set holds every kept node's ancestors.
 
@@ -29,18 +26,14 @@ class TreeNode:
     score: float                 # log-probability of the path down to this node
     depth: int                   # 1 for the first draft position
     slot: int = -1               # where the head cached this node's own row, once it was expanded
-    rank: int = 0                # among its siblings, best first
-    logp: float = 0.0            # the head's own log-probability of this token after its parent (uncalibrated)
 
 
 @dataclass
 class TreeBuilder:
     """One sequence's tree while it is drafted."""
     topk: int
-    calibration: tuple[float, ...] = ()    # per sibling rank (the last repeats): log-probability multipliers
     nodes: list[TreeNode] = field(default_factory=list)
     frontier: list[int] = field(default_factory=list)     # the nodes of the newest level picked for expansion
-    selected: list[int] = field(default_factory=list)     # select's nodes, in verification order
 
     def add_children(self, parent: int, logprobs: torch.Tensor, token_ids: torch.Tensor) -> None:
         """The head's log-probabilities over its vocabulary [V'] after `parent` (-1: the newest token);
@@ -52,20 +45,14 @@ class TreeBuilder:
         """add_children with the topk already taken (best first): their log-probabilities and target ids."""
         base = self.nodes[parent].score if parent >= 0 else 0.0
         depth = self.nodes[parent].depth + 1 if parent >= 0 else 1
-        cal = self.calibration
-        for r, (v, i) in enumerate(zip(logprobs, tokens)):
-            a = cal[min(r, len(cal) - 1)] if cal else 1.0
-            self.nodes.append(TreeNode(i, parent, base + a * v, depth, rank=r, logp=v))
+        for v, i in zip(logprobs, tokens):
+            self.nodes.append(TreeNode(i, parent, base + v, depth))
 
     def pick_frontier(self, depth: int) -> list[int]:
         """The topk best nodes of level `depth`: the ones the next level grows from."""
         level = [i for i, n in enumerate(self.nodes) if n.depth == depth]
         self.frontier = sorted(level, key=lambda i: -self.nodes[i].score)[: self.topk]
         return self.frontier
-
-    def selected_guesses(self) -> tuple[list[int], list[float]]:
-        """select's nodes' sibling ranks and raw log-probabilities, in verification order."""
-        return [self.nodes[n].rank for n in self.selected], [self.nodes[n].logp for n in self.selected]
 
     def path(self, node: int) -> list[int]:
         """node's ancestors, root side first, then node."""
@@ -78,42 +65,37 @@ class TreeBuilder:
     def _ranked(self) -> list[int]:
         return sorted(range(len(self.nodes)), key=lambda i: (-self.nodes[i].score, self.nodes[i].depth, i))
 
-    def _size(self, ranked: list[int], budget: int, row_cost: Callable[[int], float] | None,
-              step_cost: float = 0.0) -> int:
+    def _size(self, ranked: list[int], budget: int, row_cost: Callable[[int], float] | None) -> int:
         """How many of the ranked nodes to keep: budget, or with row_cost the count whose expected tokens per unit
-        of step time, (1 + the kept nodes' path probabilities) / (V(1 + kept) + step_cost), is highest (step_cost:
-        the drafting, paid whatever the tree's size)."""
+        of verification time, (1 + the kept nodes' path probabilities) / V(1 + kept), is highest."""
         if row_cost is None or not ranked:
             return budget
         best, expected = (1, 0.0), 1.0
         for n, i in enumerate(ranked[:budget], 1):
             expected += math.exp(self.nodes[i].score)
-            rate = expected / (row_cost(n + 1) + step_cost)
+            rate = expected / row_cost(n + 1)
             if n == 1 or rate > best[1] + 1e-9:
                 best = (n, rate)
         return best[0]
 
-    def worth_growing(self, budget: int, row_cost: Callable[[int], float] | None = None,
-                      step_cost: float = 0.0) -> bool:
+    def worth_growing(self, budget: int, row_cost: Callable[[int], float] | None = None) -> bool:
         """Whether expanding the frontier can still pay: some frontier node is among the nodes `select` would keep
         now. A child scores at most its parent, so below a node that is not kept nothing would be (short of a rare
         case where many children together would lengthen the kept list; then the tree is a little smaller)."""
         ranked = self._ranked()
-        kept = set(ranked[: self._size(ranked, budget, row_cost, step_cost)])
+        kept = set(ranked[: self._size(ranked, budget, row_cost)])
         return any(f in kept for f in self.frontier)
 
-    def select(self, budget: int, row_cost: Callable[[int], float] | None = None,
-               step_cost: float = 0.0) -> tuple[list[int], list[int]]:
+    def select(self, budget: int, row_cost: Callable[[int], float] | None = None) -> tuple[list[int], list[int]]:
         """The likeliest nodes, at most `budget`, as (tokens, parents) in verification order: by depth, parents
         first. With row_cost (V(n): a target forward over n rows relative to one), the number kept maximises
         (1 + the kept nodes' path probabilities) / V(1 + kept)."""
         ranked = self._ranked()
-        budget = self._size(ranked, budget, row_cost, step_cost)
+        budget = self._size(ranked, budget, row_cost)
         keep = set(ranked[:budget])
         for i in list(keep):                      # ties at -0.0 aside, ancestors are kept already
             keep.update(self.path(i))
         order = sorted(keep, key=lambda i: (self.nodes[i].depth, i))[:max(budget, 0)]
-        self.selected = order
         at = {n: j for j, n in enumerate(order)}
         return ([self.nodes[n].token for n in order],
                 [at.get(self.nodes[n].parent, -1) for n in order])

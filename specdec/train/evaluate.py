@@ -13,9 +13,9 @@ and every head is judged on the same answers. Heads run in float32 here (the eng
         --head eagle3=specdec/heads/qwen2.5-coder-1.5b-instruct/eagle3 --head medusa=OTHER/medusa
 
 `--calibrate` also reports, per sibling rank of a token tree, how well the head's probabilities predict that its
-guess is the answer's token (mean probability, hit rate, and the exponent a that makes p^a the hit rate): what the
-engine's trees learn online (proposers/tree_calibration.py). `--data SOURCES` judges on training sources' asks
-(e.g. `functions:pydash[200:280]`, which no shipped head was trained on) instead of the benchmark's prompts.
+guess is the answer's token (mean probability, hit rate, and the exponent a that makes p^a the hit rate): token
+trees are sized by those probabilities (proposers/tree.py). `--data SOURCES` judges on training sources' asks (e.g.
+`functions:pydash[200:280]`, which no shipped head was trained on) instead of the benchmark's prompts.
 """
 from __future__ import annotations
 
@@ -152,12 +152,19 @@ def tree_guesses(method: str, head, embed: torch.nn.Embedding, done: list[Answer
     return pairs
 
 
+def fit_exponent(logp: torch.Tensor, hit: torch.Tensor) -> float:
+    """The a in [0.5, 3] (steps of 0.05) that maximises the Bernoulli likelihood of hits [N] (bool) under p^a,
+    logp [N] = log p."""
+    grid = torch.arange(0.5, 3.0001, 0.05, dtype=torch.float64)
+    lq = grid[:, None] * logp.double().clamp(max=0.0)[None]                             # [A, N] log p^a
+    ll = torch.where(hit[None], lq, torch.log1p(-lq.exp().clamp(max=1 - 1e-9))).sum(-1)
+    return round(float(grid[int(ll.argmax())]), 2)
+
+
 def calibration(method: str, head, embed: torch.nn.Embedding, done: list[Answer], depth: int, topk: int,
                 num_layers: int) -> tuple[list[float], list[tuple[float, float, int]]]:
-    """Tree calibration exponents per sibling rank (see proposers/tree.py), and per rank (mean probability, hit
+    """Per sibling rank, the exponent a that makes p^a the hit rate of the head's guesses, and (mean probability, hit
     rate, guesses) as measured."""
-    from ..proposers.tree_calibration import fit_exponent
-
     pairs = tree_guesses(method, head, embed, done, depth, topk, num_layers)
     seen = [(sum(p for p, _ in ps) / max(1, len(ps)), sum(h for _, h in ps) / max(1, len(ps)), len(ps))
             for ps in pairs]
@@ -202,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calibrate", action="store_true",
                     help="also report how well each head's probabilities predict acceptance in a token tree of --topk "
                          "guesses per node and --k levels (per sibling rank: the exponent a that makes p^a the hit "
-                         "rate; the engine learns the same online, see proposers/tree_calibration.py)")
+                         "rate)")
     ap.add_argument("--topk", type=int, default=4, help="--calibrate: guesses per node")
     args = ap.parse_args(argv)
     prog = "python -m specdec.train.evaluate"
