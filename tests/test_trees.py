@@ -24,6 +24,13 @@ def target(request, tiny_dirs, tmp_path_factory):
     return load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
 
 
+def _add_children(b: TreeBuilder, parent: int, logprobs: torch.Tensor, token_ids: torch.Tensor) -> None:
+    """The head's log-probabilities over its vocabulary [V'] after `parent`, token_ids [V'] their target ids: adds
+    the topk best as children (what the proposers do for many rows at once)."""
+    lp, idx = logprobs.topk(b.topk)
+    b.add_top(parent, lp.tolist(), token_ids[idx].tolist())
+
+
 def _kv(model, n):
     kv = model.new_kv()
     kv.resize(-(-n // model.key_block) * model.key_block)
@@ -73,10 +80,10 @@ def test_verify_tree_greedy_follows_the_argmax():
 def test_tree_builder_keeps_the_likeliest_nodes_with_their_ancestors():
     b = TreeBuilder(topk=2)
     ids = torch.arange(5)
-    b.add_children(-1, torch.tensor([0.6, 0.3, 0.05, 0.03, 0.02]).log(), ids)        # nodes 0 (tok 0), 1 (tok 1)
+    _add_children(b, -1, torch.tensor([0.6, 0.3, 0.05, 0.03, 0.02]).log(), ids)        # nodes 0 (tok 0), 1 (tok 1)
     assert b.pick_frontier(1) == [0, 1]
-    b.add_children(0, torch.tensor([0.1, 0.1, 0.7, 0.05, 0.05]).log(), ids)          # 2: 0.42, 3: 0.06
-    b.add_children(1, torch.tensor([0.05, 0.9, 0.02, 0.02, 0.01]).log(), ids)        # 4: 0.27, 5: 0.015
+    _add_children(b, 0, torch.tensor([0.1, 0.1, 0.7, 0.05, 0.05]).log(), ids)          # 2: 0.42, 3: 0.06
+    _add_children(b, 1, torch.tensor([0.05, 0.9, 0.02, 0.02, 0.01]).log(), ids)        # 4: 0.27, 5: 0.015
     tokens, parents = b.select(4)
     # kept: 0 (0.6), 2 (0.42), 1 (0.3), 4 (0.27); by depth: 0, 1, then 2 (under 0), 4 (under 1)
     assert tokens == [0, 1, 2, 1] and parents == [-1, -1, 0, 1]
@@ -88,10 +95,10 @@ def test_tree_size_follows_the_measured_cost_of_rows():
     free the whole budget is kept, with rows that cost the tree stops where tokens per unit of time peak."""
     b = TreeBuilder(topk=3)
     ids = torch.arange(6)
-    b.add_children(-1, torch.tensor([0.7, 0.2, 0.05, 0.03, 0.01, 0.01]).log(), ids)
+    _add_children(b, -1, torch.tensor([0.7, 0.2, 0.05, 0.03, 0.01, 0.01]).log(), ids)
     b.pick_frontier(1)
     for node in (0, 1, 2):
-        b.add_children(node, torch.tensor([0.6, 0.3, 0.05, 0.03, 0.01, 0.01]).log(), ids)
+        _add_children(b, node, torch.tensor([0.6, 0.3, 0.05, 0.03, 0.01, 0.01]).log(), ids)
     assert len(b.select(8)[0]) == 8
     assert len(b.select(8, lambda n: 1.0 + 0.01 * (n - 1))[0]) == 8
     steep = lambda n: 1.0 + 0.5 * (n - 1)                       # noqa: E731 - every row half a forward
@@ -104,12 +111,12 @@ def test_tree_size_follows_the_measured_cost_of_rows():
 def test_tree_grows_a_level_only_where_a_frontier_node_would_be_verified():
     b = TreeBuilder(topk=2)
     ids = torch.arange(6)
-    b.add_children(-1, torch.tensor([0.5, 0.3, 0.1, 0.05, 0.03, 0.02]).log(), ids)    # 0: 0.5, 1: 0.3
+    _add_children(b, -1, torch.tensor([0.5, 0.3, 0.1, 0.05, 0.03, 0.02]).log(), ids)    # 0: 0.5, 1: 0.3
     b.pick_frontier(1)
     assert b.worth_growing(8)                                   # no cost model: the budget keeps both
     steep = lambda n: 1.0 + 0.5 * (n - 1)                       # noqa: E731 - one node kept: (1 + 0.5) / 1.5
     assert b.worth_growing(8, steep)                            # node 0 is kept, so its children may be
-    b.add_children(0, torch.tensor([0.2, 0.2, 0.2, 0.2, 0.1, 0.1]).log(), ids)        # 2, 3: 0.1 each
+    _add_children(b, 0, torch.tensor([0.2, 0.2, 0.2, 0.2, 0.1, 0.1]).log(), ids)        # 2, 3: 0.1 each
     b.pick_frontier(2)
     assert b.frontier == [2, 3]
     assert not b.worth_growing(8, steep)                        # neither 0.1 node pays for its row

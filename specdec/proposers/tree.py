@@ -16,7 +16,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
 
 
 @dataclass
@@ -35,14 +34,9 @@ class TreeBuilder:
     nodes: list[TreeNode] = field(default_factory=list)
     frontier: list[int] = field(default_factory=list)     # the nodes of the newest level picked for expansion
 
-    def add_children(self, parent: int, logprobs: torch.Tensor, token_ids: torch.Tensor) -> None:
-        """The head's log-probabilities over its vocabulary [V'] after `parent` (-1: the newest token);
-        token_ids [V'] maps them to target ids. Adds the topk best as children."""
-        lp, idx = logprobs.topk(self.topk)
-        self.add_top(parent, lp.tolist(), token_ids[idx].tolist())
-
     def add_top(self, parent: int, logprobs: list[float], tokens: list[int]) -> None:
-        """add_children with the topk already taken (best first): their log-probabilities and target ids."""
+        """Children of `parent` (-1: the newest token): the head's topk best guesses after it, best first, as their
+        log-probabilities and target ids (the proposers take one top-k over many rows at once)."""
         base = self.nodes[parent].score if parent >= 0 else 0.0
         depth = self.nodes[parent].depth + 1 if parent >= 0 else 1
         for v, i in zip(logprobs, tokens):

@@ -242,8 +242,8 @@ def main(argv: list[str] | None = None) -> None:
           f"target {llm.target.name} ({args.quantization}); chains of k = {args.k}, teacher-forced replay")
     print("| head | dir | mean accepted length | acceptance per position | guess agreement per step | in vocab |")
     print("|---|---|---|---|---|---|")
-    for m, d, h in loaded:
-        k = min(args.k, h.cfg.num_heads) if m == "medusa" else args.k
+    steps = [min(args.k, h.cfg.num_heads) if m == "medusa" else args.k for m, _, h in loaded]   # per head
+    for (m, d, h), k in zip(loaded, steps):
         r = acceptance(m, h, model.embed_tokens, done, k, model.config.num_layers)
         print(f"| {m} | {d or 'shipped'} | {r.mean_accepted_length:.3f} | "
               f"{' / '.join(f'{p:.3f}' for p in r.per_position)} | {' / '.join(f'{a:.3f}' for a in r.agree)} | "
@@ -252,9 +252,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(f"\ntoken-tree calibration: {args.topk} guesses per node, {args.k} levels; per sibling rank: mean "
           "probability -> hit rate (guesses), fitted exponent")
-    for m, d, h in loaded:
-        depth = min(args.k, h.cfg.num_heads) if m == "medusa" else args.k
-        exps, seen = calibration(m, h, model.embed_tokens, done, depth, args.topk, model.config.num_layers)
+    for (m, d, h), k in zip(loaded, steps):
+        exps, seen = calibration(m, h, model.embed_tokens, done, k, args.topk, model.config.num_layers)
         ranks = "; ".join(f"{p:.3f} -> {q:.3f} ({n}) a={a:.2f}" for a, (p, q, n) in zip(exps, seen))
         print(f"- {m} ({d or 'shipped'}): {ranks}")
 
