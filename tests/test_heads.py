@@ -652,3 +652,31 @@ def test_bench_heads_times_each_head_per_scheme(tiny_dirs, heads):
     assert set(r["heads"]) == {(m, q) for m in ("eagle3", "medusa") for q in ("none", "int8")}
     assert r["target_s"] > 0 and all(first > 0 and further >= 0 for first, further in r["heads"].values())
     assert {q for (_, q), run in r["packed"].items() if run == q} == {"none", "int8"}
+
+
+def test_regenerate_keeps_conversations_without_a_user_turn_as_they_are(tmp_path):
+    """--regenerate answers each conversation's first user turn; one with no user turn (a system prompt and an
+    assistant's text only) has nothing to ask and is trained on as it is, beside the answered ones."""
+    from specdec.train.data import load_sequences
+
+    class Tok:
+        def apply_chat_template(self, messages, add_generation_prompt=False):
+            return "|".join(f"{m['role']}:{m['content']}" for m in messages)
+
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+    rows = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "say hello there"},
+                          {"role": "assistant", "content": "hello"}]},
+            {"messages": [{"role": "system", "content": "notes"}, {"role": "assistant", "content": "a long monologue"}]}]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    asked = []
+
+    def regenerate(asks):
+        asked.extend(asks)
+        return [list(range(100, 120)) for _ in asks]
+
+    docs = load_sequences(str(path), Tok(), doc_len=512, regenerate=regenerate)
+    assert asked == [rows[0]["messages"][:2]]                       # the first user turn, with its system message
+    assert docs == [list(range(100, 120)), Tok().encode(Tok().apply_chat_template(rows[1]["messages"]))]

@@ -258,7 +258,9 @@ def load_sequences(sources: str, tokenizer, doc_len: int, max_tokens: int | None
     docs_per_part = []
     for part in parts:
         docs = load_source(part, tokenizer)
-        chats = [i for i, d in enumerate(docs) if d and isinstance(d[0], dict)]
+        # conversations with a user turn to answer; one without (system / assistant text only) is trained on as it is
+        chats = [i for i, d in enumerate(docs) if d and isinstance(d[0], dict)
+                 and any(m.get("role") == "user" for m in d)]
         if regenerate is not None and chats:
             asks = []
             for i in chats:
