@@ -25,8 +25,9 @@ from .proposers import check_compatible
 from .proposers.ngram import find_ngram_continuation
 from .sampling_params import SamplingParams
 
-COST_MODEL_REVISION = 8      # part of the cost-model cache key: 8 = int4 tiles of up to 9 rows (7: learned heads'
-                             # costs, 6: kernel weights in 2 MB pages, 5: bf16 on specdec._C)
+COST_MODEL_REVISION = 9      # part of the cost-model cache key: 9 = heads timed after a target forward, as the engine
+                             # runs them (8: int4 tiles of up to 9 rows, 7: learned heads' costs, 6: kernel weights in
+                             # 2 MB pages, 5: bf16 on specdec._C)
 
 Prompt = str | list[dict]   # raw text or chat messages
 

@@ -237,6 +237,43 @@ def test_a_head_is_chosen_by_its_own_step_cost():
     assert ctl.model == "eagle3" and ctl.plan(0, 0)[0] == "draft" and ctl.plan(0, 0)[1] > 0
 
 
+def test_a_head_is_timed_after_a_target_step_as_in_the_engine(tiny_dirs, monkeypatch):
+    """The cost model times each of a head's proposals right after a target forward (the engine's order, which
+    evicts the head's weights from the caches), never back to back; the forward itself is not timed."""
+    from specdec import LLM
+    from specdec.policy import measure
+
+    llm = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
+    events = []
+
+    class Head:
+        target_hidden = (0,)
+
+        def accept_hidden(self, seq_id, start, hidden):
+            events.append("states")
+
+        def propose(self, ctxs, ks):
+            events.append(f"propose {ks[0]}")
+
+        def release(self, seq_id):
+            events.append("release")
+
+    clock = iter(range(10_000))
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock))
+    real_step = measure.one_target_step
+
+    def one_step(model, context):
+        step = real_step(model, context)
+        return lambda: (events.append("target"), [next(clock) for _ in range(100)], step())    # 100 ticks long
+    monkeypatch.setattr(measure, "one_target_step", one_step)
+    cost = measure.measure_cost_model(llm.target.model, k_max=4, context=16, repeats=2, heads={"eagle3": Head()})
+    timed = [i for i, e in enumerate(events) if e.startswith("propose")][1:]     # the first feeds the prompt
+    assert len(timed) == 2 * 3                                                   # (1 + repeats) x (1 and k tokens)
+    assert all(events[i - 1] == "target" and events[i - 2] == "states" for i in timed)
+    # each timed proposal took one clock tick: the target forward before it is outside the timing
+    assert cost.target_step_s == 1 and cost.heads["eagle3"] == [1.0, 0.0]
+
+
 def test_auto_runs_a_learned_head_with_parity(tiny_dirs, tmp_path, monkeypatch):
     """End to end: auto with a head loaded measures the head's step cost, picks the head, drafts with it (the
     head reads the target's states at every step, lookup steps included) and keeps the target's greedy output."""

@@ -2,7 +2,8 @@
 
 Loads the target and its shipped heads once per `--head-quantization` scheme, then times each head's proposer as
 the engine drives it (the cost model's measurement: the target's states of the newest row handed over, then one
-proposal after `--context` rows): the first draft token and each further one, in ms and as a fraction of a
+proposal after `--context` rows, each right after a target forward as in the engine, which evicts the head's
+weights from the caches): the first draft token and each further one, in ms and as a fraction of a
 one-row target forward. The schemes are timed in interleaved rounds, best of each, so a burst of load from
 elsewhere spoils one sample of every scheme rather than all samples of one.
 
@@ -24,7 +25,7 @@ def measure(llm, heads: dict[str, str | None], schemes: list[str], context: int 
     (first_s, further_s)}, "target_s": a one-row target forward, "packed": {(method, scheme): the scheme run}},
     times in seconds."""
     from ..llm import load_head_for
-    from ..policy.measure import forward_times, head_times
+    from ..policy.measure import forward_times, head_times, one_target_step
     from ..proposers.heads import make_head_proposer
 
     model, eng = llm.target.model, llm.engine
@@ -38,10 +39,11 @@ def measure(llm, heads: dict[str, str | None], schemes: list[str], context: int 
     best: dict = {}
     with torch.inference_mode():
         target_s = forward_times(model, [1], context, repeats)[1]
+        target_step = one_target_step(model, context)
         for _ in range(rounds):
             for key, p in proposers.items():
                 first, further = head_times(p, model.config.hidden_size, w.shape[0], w.dtype, w.device, context, 4,
-                                            repeats)
+                                            repeats, target_step)
                 old = best.get(key, (float("inf"), float("inf")))
                 best[key] = (min(old[0], first), min(old[1], further))
     return {"target_s": target_s, "heads": best, "packed": packed}
