@@ -18,10 +18,7 @@ def forward_times(model, ns: list[int], context: int, repeats: int) -> dict[int,
 
     device = model.embed_tokens.weight.device
     vocab = model.embed_tokens.weight.shape[0]
-    context = min(context, model.config.max_position_embeddings - max(ns) - 2)
-    kv = model.new_kv()
-    kv.resize(-(-(context + max(ns) + 1) // model.key_block) * model.key_block)
-    forward_spans(model, [Span(kv, 0, [(i * 31 + 7) % vocab for i in range(context)], "none")])   # the context
+    kv, context = _primed_cache(model, context, max(ns))
     best = {n: float("inf") for n in ns}
     for i in range(repeats + 1):
         for n in ns:
@@ -35,6 +32,19 @@ def forward_times(model, ns: list[int], context: int, repeats: int) -> dict[int,
             if i:                                     # the first round is a warm-up
                 best[n] = min(best[n], time.perf_counter() - t0)
     return best
+
+
+def _primed_cache(model, context: int, rows: int):
+    """A fresh cache holding `context` rows of fixed tokens (fewer where the model's positions end), with room for
+    `rows` more -> (kv, context)."""
+    from ..models.runner import Span, forward_spans
+
+    vocab = model.embed_tokens.weight.shape[0]
+    context = min(context, model.config.max_position_embeddings - rows - 2)
+    kv = model.new_kv()
+    kv.resize(-(-(context + rows + 1) // model.key_block) * model.key_block)
+    forward_spans(model, [Span(kv, 0, [(i * 31 + 7) % vocab for i in range(context)], "none")])
+    return kv, context
 
 
 def large_row_points(k_max: int, max_rows: int) -> list[int]:
@@ -114,12 +124,9 @@ def one_target_step(model, context: int):
     """A function that runs one decode forward of the target after `context` cached rows (its result unused)."""
     from ..models.runner import Span, forward_spans
 
-    vocab = model.embed_tokens.weight.shape[0]
-    context = min(context, model.config.max_position_embeddings - 2)
-    kv = model.new_kv()
-    kv.resize(-(-(context + 1) // model.key_block) * model.key_block)
-    forward_spans(model, [Span(kv, 0, [(i * 31 + 7) % vocab for i in range(context)], "none")])
-    return lambda: forward_spans(model, [Span(kv, context, [3 % vocab], "last", decode=True)])
+    kv, context = _primed_cache(model, context, 1)
+    return lambda: forward_spans(model, [Span(kv, context, [3 % model.embed_tokens.weight.shape[0]], "last",
+                                              decode=True)])
 
 
 def _lookup_time(lookup, context: int) -> float:

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
-
 @dataclass
 class TreeNode:
     token: int                   # target vocabulary id

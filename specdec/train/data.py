@@ -60,6 +60,12 @@ def _sharegpt(lo: int, hi: int | None, code: bool = False) -> list[list[dict]]:
     return out
 
 
+def first_ask(messages: list[dict]) -> list[dict] | None:
+    """A conversation up to its first user turn (with any system message before it), or None if it has none."""
+    first = next((j for j, m in enumerate(messages) if m.get("role") == "user"), None)
+    return None if first is None else messages[: first + 1]
+
+
 def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=False))
 
@@ -259,14 +265,10 @@ def load_sequences(sources: str, tokenizer, doc_len: int, max_tokens: int | None
     for part in parts:
         docs = load_source(part, tokenizer)
         # conversations with a user turn to answer; one without (system / assistant text only) is trained on as it is
-        chats = [i for i, d in enumerate(docs) if d and isinstance(d[0], dict)
-                 and any(m.get("role") == "user" for m in d)]
+        asks = {i: first_ask(d) for i, d in enumerate(docs) if d and isinstance(d[0], dict)}
+        chats = [i for i, ask in asks.items() if ask is not None]
         if regenerate is not None and chats:
-            asks = []
-            for i in chats:
-                first = next(j for j, m in enumerate(docs[i]) if m.get("role") == "user")
-                asks.append(docs[i][: first + 1])
-            for i, ids in zip(chats, regenerate(asks)):
+            for i, ids in zip(chats, regenerate([asks[i] for i in chats])):
                 if ids is not None:                 # None: no room to answer; the conversation stays as it is
                     docs[i] = ids
         docs_per_part.append([d if not d or not isinstance(d[0], dict) else _chat_ids(tokenizer, d) for d in docs])

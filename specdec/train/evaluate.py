@@ -175,16 +175,16 @@ def calibration(method: str, head, embed: torch.nn.Embedding, done: list[Answer]
 
 def prompts_from_sources(sources: str, tokenizer) -> list[dict]:
     """Training sources (train.data's syntax) -> their conversations' asks (up to the first user turn), as prompts."""
-    from .data import load_source
+    from .data import first_ask, load_source
 
     out = []
     for part in [s.strip() for s in sources.split(",") if s.strip()]:
         for doc in load_source(part, tokenizer):
             if not doc or not isinstance(doc[0], dict):
                 raise SpecDecError(f"--data {part}: held-out prompts need conversations (not plain text or code)")
-            first = next((j for j, m in enumerate(doc) if m.get("role") == "user"), None)
-            if first is not None:
-                out.append({"messages": doc[: first + 1], "category": part})
+            ask = first_ask(doc)
+            if ask is not None:
+                out.append({"messages": ask, "category": part})
     return out
 
 
