@@ -17,9 +17,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
-                   help="target weights: none (runtime dtype), int8, or int4 (GGUF 4/6-bit blocks kept as they are; "
-                        "our CPU kernel)")
+    p.add_argument("--quantization", default=None, choices=["none", "int8", "int4"],
+                   help="target weights: none (runtime dtype), int8, or int4 (a GGUF's 4/5/6/8-bit blocks kept as "
+                        "they are; our CPU kernel). Default: int4 for a block-quantized GGUF on a CPU where the "
+                        "compiled kernels run 4-bit codes vectorized (AVX-512 VNNI or AVX2), else none")
     p.add_argument("--head-quantization", default=None, choices=["none", "int8", "int4"],
                    help="learned heads' linears (eagle3, eagle, medusa): runtime dtype, or 8-/4-bit blocks on our CPU "
                         "kernel. Default: int4 for a bf16 head on CPU where the compiled kernels run 4-bit codes "
@@ -208,13 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
                          '\'{"speculative": {"method": "none"}}\'')
     bs.add_argument("--model", default=None, help="model id (default: the first of each endpoint's /v1/models)")
     bs.add_argument("--dataset", default="builtin",
-                    help="builtin | structured (20 JSON-schema requests) | humaneval[:N] | sharegpt[:N] | a JSONL file")
+                    help="builtin | long[:N] (retrieval over 1.5-3k-token documents, whole-module edits) | structured "
+                         "(20 JSON-schema requests) | humaneval[:N] | sharegpt[:N] | a JSONL file; several joined "
+                         "with commas")
     bs.add_argument("--concurrency", default="1", help="comma-separated concurrency levels")
     bs.add_argument("--max-tokens", type=int, default=128)
     bs.add_argument("--temperature", type=float, default=0.0)
     bs.add_argument("--seed", type=int, default=0)
     bs.add_argument("--api-key", default=None)
     bs.add_argument("--out", default="out/bench-serve", help="output directory")
+    bs.add_argument("--no-interleave", dest="interleave", action="store_false",
+                    help="run each endpoint through the whole set in turn (default: prompt i, or round i of "
+                         "`concurrency` prompts, goes to every endpoint before the next)")
     return parser
 
 
@@ -312,7 +318,7 @@ def cmd_bench_serve(args) -> int:
     cfg = ServeBenchConfig(endpoints=args.endpoint, dataset=args.dataset, model=args.model,
                            concurrency=_csv(args.concurrency, int, "--concurrency"), max_tokens=args.max_tokens,
                            temperature=args.temperature, seed=args.seed, out=args.out, labels=args.label,
-                           extra_body=extra, api_key=args.api_key)
+                           extra_body=extra, api_key=args.api_key, interleave=args.interleave)
     result = run_serve_bench(cfg)
     print(render_serve_report(result, []))
     print(f"wrote {args.out}/results.json, report.md and plots")
@@ -369,10 +375,20 @@ def _summary(s) -> str:
     return "; ".join(parts)
 
 
+def resolve_quantization(args) -> None:
+    """--quantization left out: the default for this target and device (models.loader.default_quantization)."""
+    if args.quantization is None:
+        from .models.loader import default_quantization
+
+        args.quantization = default_quantization(args.target, args.device)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "generate" or (args.command == "bench" and args.bench_command == "offline"):
+            resolve_quantization(args)
         if args.command == "models":
             return cmd_models(args)
         if args.command == "generate":

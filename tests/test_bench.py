@@ -1,4 +1,6 @@
 """`specdec bench` subcommands: what was `bench decode` is `bench offline` now (one A/B path, one report)."""
+import pytest
+
 from specdec.cli import main
 
 
@@ -40,3 +42,58 @@ def test_bench_step_splits_a_decode_step_into_its_parts(tiny_dirs):
     finally:
         cpu_ops.silu_mul = real
     assert called[-1] == "scalar" and set(called) <= {None, "scalar"}     # None: the prefill, before the timing
+
+
+def test_bench_serve_interleaves_prompts_across_endpoints(monkeypatch, tmp_path):
+    """Round i of `concurrency` prompts goes to every endpoint (order rotating) before round i + 1; per category,
+    the median decode tok/s and its ratio to the first endpoint's."""
+    from specdec.bench import serve as bs
+
+    prompts = [{"messages": [{"role": "user", "content": str(i)}], "category": "ab"[i % 2]} for i in range(5)]
+    monkeypatch.setattr(bs, "load_prompts", lambda source, seed: prompts)
+    calls = []
+    speed = {0: 10.0, 1: 15.0}
+
+    async def fake_level(cfg, idx, model, ps, concurrency, indices=None):
+        if cfg.max_tokens == 8:                          # the warm-up
+            return [], 0.0
+        calls.append((idx, list(indices), concurrency))
+        recs = [{"endpoint": cfg.labels[idx], "concurrency": concurrency, "prompt_index": i, "category": p["category"],
+                 "ok": True, "error": None, "ttft_s": 0.1, "e2e_s": 1.1, "itl_s": [], "output_tokens": 11,
+                 "decode_tok_s": speed[idx] * (2 if p["category"] == "b" else 1), "text": "x", "speculative": None}
+                for i, p in zip(indices, ps)]
+        return recs, 1.0
+
+    monkeypatch.setattr(bs, "_level", fake_level)
+    cfg = bs.ServeBenchConfig(endpoints=["http://a", "http://b"], model="m", concurrency=[1, 2], out=str(tmp_path))
+    result = bs.run_serve_bench(cfg, progress=False)
+    c1 = [(i, idx) for i, idx, c in calls if c == 1]
+    assert c1 == [(0, [0]), (1, [0]), (1, [1]), (0, [1]), (0, [2]), (1, [2]), (1, [3]), (0, [3]), (0, [4]), (1, [4])]
+    assert [idx for _, idx, c in calls if c == 2] == [[0, 1], [0, 1], [2, 3], [2, 3], [4], [4]]
+    rows = {(r["endpoint"], r["concurrency"]): r for r in result["summary"]}
+    b = rows[("1:http://b", 1)]
+    assert b["decode_tok_s_by_category"] == {"a": 15.0, "b": 30.0}
+    assert b["decode_ratio"] == pytest.approx(1.5) and b["decode_ratio_by_category"]["b"] == pytest.approx(1.5)
+    assert rows[("0:http://a", 2)]["decode_ratio"] == pytest.approx(1.0)
+    report = (tmp_path / "report.md").read_text()
+    assert "30.00 (1.50x)" in report
+    assert (tmp_path / "decode_by_category_c1.png").is_file()
+    calls.clear()
+    bs.run_serve_bench(bs.ServeBenchConfig(endpoints=["http://a", "http://b"], model="m", out=str(tmp_path),
+                                           interleave=False), progress=False)
+    assert [(i, idx) for i, idx, _ in calls] == [(0, [0, 1, 2, 3, 4]), (1, [0, 1, 2, 3, 4])]
+
+
+def test_long_prompts_are_long_and_real():
+    """`long`: retrieval over pydoc text of the standard library (each answer inside the excerpt) and whole-module
+    edits of its source, from text every Python installs."""
+    from specdec.bench.datasets import load_prompts
+
+    ps = load_prompts("long")
+    cats = [p["category"] for p in ps]
+    assert cats.count("rag-long") == 7 and cats.count("code-edit-long") == 6
+    for p in ps:
+        text = p["messages"][-1]["content"]
+        assert len(text) > (8000 if p["category"] == "rag-long" else 3000), (p["category"], len(text))
+    assert "def insort_left" in ps[7]["messages"][-1]["content"]          # bisect's own source
+    assert len(load_prompts("long:3")) == 3

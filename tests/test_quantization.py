@@ -328,3 +328,24 @@ def test_streamed_weights_move_to_huge_pages_unchanged():
     p.mn = p.sc
     q = p.map(lambda t: t.clone())
     assert q.mn is q.sc and q.qw is not p.qw and torch.equal(q.qw, p.qw)
+
+
+@pytest.mark.parametrize("file_type, quantized", [(15, True), (2, True), (1, False), (32, False)])
+def test_default_quantization_keeps_a_quantized_gguf_in_its_blocks(tmp_path, tiny_dirs, file_type, quantized):
+    """No --quantization: a block-quantized GGUF (Q4_K_M = 15, Q4_0 = 2) runs as int4 on a CPU whose kernels run
+    4-bit codes vectorized; a float GGUF (F16 = 1, BF16 = 32), an HF directory or a GPU keep the runtime dtype."""
+    gguf = pytest.importorskip("gguf")
+    from specdec.models.loader import default_quantization
+    from specdec.models.quantization.kernels import vector_kernel
+
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_file_type(file_type)
+    w.add_tensor("x", np.zeros(32, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert default_quantization(str(path), "cpu") == ("int4" if quantized and vector_kernel(4) else "none")
+    assert default_quantization(str(path), "cuda") == "none"
+    assert default_quantization(str(tiny_dirs["target"]), "cpu") == "none"

@@ -453,3 +453,38 @@ def test_auto_policy_rollout_pools_and_status(solo_llm):
         assert _metric(url, "specdec:rollout_requests_total", 'arm="plain"') == list(arms.values()).count("plain")
         r = _post(url, {"messages": MSG, "speculative": {"method": "auto", "num_speculative_tokens": 3}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "speculative.num_speculative_tokens"
+
+
+def test_models_load_measure_and_step_on_one_thread(tiny_dirs, monkeypatch):
+    """Every torch call of a served engine runs on its compute thread: libgomp gives each thread that runs a
+    parallel region a team of its own, and with more teams than cores it stops spinning, so steps run beside the
+    loading thread's team paid a futex wake-up per parallel region."""
+    from specdec.cli import build_parser
+    from specdec.engine import LLMEngine
+    from specdec.llm import LLM
+    from specdec.server.app import create_app
+    from specdec.server.serve import build_engine, server_state
+
+    seen: dict[str, set] = {"load": set(), "measure": set(), "step": set()}
+    init, measure, step = LLM.__init__, LLM.cost_model, LLMEngine.step
+
+    def record(kind, fn):
+        def wrapped(*a, **kw):
+            seen[kind].add(threading.get_ident())
+            return fn(*a, **kw)
+        return wrapped
+
+    monkeypatch.setattr(LLM, "__init__", record("load", init))
+    monkeypatch.setattr(LLM, "cost_model", record("measure", measure))     # measured, or read from the cache
+    monkeypatch.setattr(LLMEngine, "step", record("step", step))
+    args = build_parser().parse_args(["serve", "--target", str(tiny_dirs["target"]), "--dtype", "float32",
+                                      "--draft", str(tiny_dirs["draft"]), "--served-model-name", "tiny"])
+    engine, name = build_engine(args)
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(server_state(engine, name, args))) as http:
+        r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "def add(a, b):"}],
+                                                    "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200, r.text
+    assert len(seen["load"]) == 1 and seen["load"] == seen["measure"] == seen["step"], seen
+    assert threading.get_ident() not in seen["load"]

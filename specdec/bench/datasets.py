@@ -18,13 +18,18 @@ HUMANEVAL_N = 164               # all of HumanEval unless humaneval:N
 
 
 def load_prompts(source: str, seed: int = 0) -> list[dict]:
-    """`builtin`, `structured` (20 JSON-schema requests), `humaneval[:N]`, `sharegpt[:N]` or a path to a JSONL file
+    """`builtin`, `long[:N]` (retrieval over 1.5-3k-token documents, whole-module code edits), `structured` (20
+    JSON-schema requests), `humaneval[:N]`, `sharegpt[:N]` or a path to a JSONL file
     (lines may carry a `response_format`); several joined with commas (`builtin,sharegpt:32`)
     are concatenated in that order."""
     if "," in source and not Path(source).is_file():
         return [p for part in source.split(",") if part.strip() for p in load_prompts(part.strip(), seed)]
     if source == "builtin":
         return [dict(p) for p in BUILTIN_PROMPTS]
+    if source == "long" or source.startswith("long:"):
+        from .long_prompts import long_prompts
+
+        return long_prompts()[:_count(source, 10 ** 6)]
     if source == "structured":
         from .structured_prompts import STRUCTURED_PROMPTS
 

@@ -1,11 +1,15 @@
 """`specdec bench serve`: a serving benchmark against any OpenAI-compatible endpoint (ours, llama.cpp's, vLLM).
 
-For each endpoint and concurrency level, every prompt of the dataset is sent as a streaming chat request with
-at most `concurrency` in flight. Per request: TTFT (first content chunk), TPOT = (E2E - TTFT)/(tokens - 1),
+For each concurrency level, every prompt of the dataset is sent to every endpoint as a streaming chat request
+with at most `concurrency` in flight. Interleaved (the default), the prompts go in rounds of `concurrency`: a
+round is sent to each endpoint in turn (the order rotating from round to round) before the next round starts, so
+that a drifting machine (another tenant, thermal state) cannot favour one server; `--no-interleave` runs each
+endpoint through the whole set in turn. Per request: TTFT (first content chunk), TPOT = (E2E - TTFT)/(tokens - 1),
 ITL (gaps between chunks; with speculation one chunk can carry several tokens, so mean accepted length is
-reported beside it), E2E, output tokens (from `usage`), and the server's speculative stats when it reports
+reported beside it), E2E, decode tok/s = (tokens - 1) / (E2E - TTFT), output tokens (from `usage`), and the server's speculative stats when it reports
 them (specdec's `speculative` extension). Percentiles P50/P90/P95/P99, request and output-token throughput,
-errors; with two or more endpoints at temperature 0, the share of completions identical to the first's.
+errors; per category, the median decode tok/s and its ratio to the first endpoint's; with two or more endpoints at
+temperature 0, the share of completions identical to the first's.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from pathlib import Path
 
 from ..errors import SpecDecError
 from .datasets import load_prompts
-from .summary import percentile
+from .summary import median, percentile
 
 PCTS = (50, 90, 95, 99)
 
@@ -36,6 +40,7 @@ class ServeBenchConfig:
     extra_body: list[dict] = field(default_factory=list)
     api_key: str | None = None
     timeout_s: float = 600.0
+    interleave: bool = True
 
     def __post_init__(self):
         if not self.endpoints:
@@ -62,6 +67,7 @@ class ServeBenchConfig:
 
 async def _one(client, url: str, body: dict, headers: dict) -> dict:
     rec = {"ok": False, "error": None, "ttft_s": None, "e2e_s": None, "itl_s": [], "output_tokens": None,
+           "decode_tok_s": None,
            "text": "", "finish_reason": None, "speculative": None}
     start = time.perf_counter()
     last = None
@@ -107,6 +113,8 @@ async def _one(client, url: str, body: dict, headers: dict) -> dict:
             rec["output_tokens"] = len(rec["itl_s"]) + (1 if rec["ttft_s"] is not None else 0)
         if rec["ttft_s"] is None:
             rec["ttft_s"] = rec["e2e_s"]
+        if (rec["output_tokens"] or 0) > 1 and rec["e2e_s"] > rec["ttft_s"]:
+            rec["decode_tok_s"] = (rec["output_tokens"] - 1) / (rec["e2e_s"] - rec["ttft_s"])
         rec["ok"] = True
     except Exception as exc:  # noqa: BLE001 - a failed request is a data point
         rec["error"] = f"{type(exc).__name__}: {exc}"
@@ -133,7 +141,9 @@ def schema_valid(text: str, response_format: dict) -> bool | None:
     return True
 
 
-async def _level(cfg: ServeBenchConfig, idx: int, model: str, prompts: list[dict], concurrency: int) -> tuple[list, float]:
+async def _level(cfg: ServeBenchConfig, idx: int, model: str, prompts: list[dict], concurrency: int,
+                 indices: list[int] | None = None) -> tuple[list, float]:
+    """Send `prompts` (their dataset indices: `indices`) to endpoint `idx`, at most `concurrency` in flight."""
     import httpx
 
     url = cfg.endpoints[idx]
@@ -156,7 +166,7 @@ async def _level(cfg: ServeBenchConfig, idx: int, model: str, prompts: list[dict
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=cfg.timeout_s, limits=limits) as client:
         t0 = time.perf_counter()
-        recs = await asyncio.gather(*[run(i, p) for i, p in enumerate(prompts)])
+        recs = await asyncio.gather(*[run(i, p) for i, p in zip(indices or range(len(prompts)), prompts)])
         return list(recs), time.perf_counter() - t0
 
 
@@ -186,6 +196,11 @@ def summarize_level(recs: list[dict], duration_s: float) -> dict:
         row[f"{name}_mean_s"] = sum(xs) / len(xs) if xs else None
         for q in PCTS:
             row[f"{name}_p{q}_s"] = percentile(xs, q)
+    # decode speed per request (the figure a single user feels), median over all requests and per category
+    row["decode_tok_s_p50"] = median([r["decode_tok_s"] for r in good if r.get("decode_tok_s")])
+    row["decode_tok_s_by_category"] = {
+        cat: median([r["decode_tok_s"] for r in good if r["category"] == cat and r.get("decode_tok_s")])
+        for cat in dict.fromkeys(r["category"] for r in recs)}
     spec = [r["speculative"] for r in good if r.get("speculative")]
     drafted = sum(s.get("draft_tokens") or 0 for s in spec)
     accepted = sum(s.get("accepted_tokens") or 0 for s in spec)
@@ -202,6 +217,23 @@ def summarize_level(recs: list[dict], duration_s: float) -> dict:
     return row
 
 
+def add_ratios(summary: list[dict]) -> None:
+    """Each row's median decode tok/s over the first endpoint's at the same concurrency, overall and per category
+    (a ratio of medians, both taken over the same prompts)."""
+    first = {}
+    for row in summary:
+        first.setdefault(row["concurrency"], row)
+    for row in summary:
+        ref = first[row["concurrency"]]
+
+        def ratio(mine, theirs):
+            return mine / theirs if mine and theirs else None
+        row["decode_ratio"] = ratio(row["decode_tok_s_p50"], ref["decode_tok_s_p50"])
+        row["decode_ratio_by_category"] = {c: ratio(v, ref["decode_tok_s_by_category"].get(c))
+                                           for c, v in row["decode_tok_s_by_category"].items()}
+        row["throughput_ratio"] = ratio(row["output_throughput"], ref["output_throughput"])
+
+
 def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
     from ..utils import write_json_atomic, write_text_atomic
     from .offline import machine_info
@@ -209,17 +241,29 @@ def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
     prompts = load_prompts(cfg.dataset, cfg.seed)
     out = Path(cfg.out)
     models = [cfg.model or _served_model(u, cfg.api_key) for u in cfg.endpoints]
-    requests, summary = [], []
-    for idx in range(len(cfg.endpoints)):
-        # warm-up, untimed
+    n = len(cfg.endpoints)
+    for idx in range(n):        # warm-up, untimed
         asyncio.run(_level(ServeBenchConfig(**{**asdict(cfg), "max_tokens": 8}), idx, models[idx], prompts[:1], 1))
-        for c in cfg.concurrency:
-            if progress:
-                print(f"bench serve: {cfg.labels[idx]} concurrency {c}: {len(prompts)} requests", flush=True)
-            recs, duration = asyncio.run(_level(cfg, idx, models[idx], prompts, c))
-            requests += recs
+    requests, summary = [], []
+    for c in cfg.concurrency:
+        if progress:
+            print(f"bench serve: concurrency {c}: {len(prompts)} requests to each of {n} endpoint(s)"
+                  f"{', interleaved' if cfg.interleave and n > 1 else ''}", flush=True)
+        recs: list[list] = [[] for _ in range(n)]
+        durations = [0.0] * n
+        # interleaved: rounds of c prompts, each sent to every endpoint before the next round; else one round
+        size = c if cfg.interleave and n > 1 else len(prompts)
+        for r, lo in enumerate(range(0, len(prompts), size)):
+            idxs = list(range(lo, min(lo + size, len(prompts))))
+            for idx in [(r + j) % n for j in range(n)] if cfg.interleave else range(n):
+                got, duration = asyncio.run(_level(cfg, idx, models[idx], [prompts[i] for i in idxs], c, idxs))
+                recs[idx] += got
+                durations[idx] += duration
+        for idx in range(n):
+            requests += sorted(recs[idx], key=lambda x: x["prompt_index"])
             summary.append({"endpoint": cfg.labels[idx], "url": cfg.endpoints[idx], "concurrency": c,
-                            **summarize_level(recs, duration)})
+                            **summarize_level(recs[idx], durations[idx])})
+    add_ratios(summary)
     if len(cfg.endpoints) > 1 and cfg.temperature == 0:
         first = cfg.labels[0]
         for row in summary:
@@ -269,6 +313,7 @@ def render_serve_report(result: dict, plots: list[str]) -> str:
             f"{r['request_throughput'] or 0:.3f} | {r['output_throughput'] or 0:.2f} | {pct('ttft')} | {pct('tpot')} | "
             f"{pct('itl')} | {pct('e2e')} | {_num(r['acceptance_rate'])} | {_num(r['mean_accepted_length'])} | "
             f"{_num(r['tokens_per_chunk'])} | {_num(ident)} |")
+    lines += category_table(result["summary"])
     structured = [r for r in result["summary"] if r.get("schema_valid")]
     if structured:
         lines += ["", "Structured outputs: answers that parse and validate against their request's schema, and the "
@@ -283,6 +328,25 @@ def render_serve_report(result: dict, plots: list[str]) -> str:
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def category_table(summary: list[dict]) -> list[str]:
+    """Median decode tok/s per request by category, with the ratio to the first endpoint at that concurrency."""
+    cats = list(dict.fromkeys(c for r in summary for c in r.get("decode_tok_s_by_category", {})))
+    if not cats:
+        return []
+    lines = ["", "Decode tok/s per request (median; (tokens - 1) / (E2E - TTFT)) by category, and its ratio to the first "
+                 "endpoint's at the same concurrency.", "",
+             "| endpoint | conc | " + " | ".join(cats) + " | all | out tok/s ratio |",
+             "|---|---|" + "---|" * (len(cats) + 2)]
+    for r in summary:
+        by, ratios = r["decode_tok_s_by_category"], r.get("decode_ratio_by_category") or {}
+
+        def cell(v, q):
+            return "-" if v is None else f"{v:.2f}" + (f" ({q:.2f}x)" if q is not None else "")
+        lines.append(f"| {r['endpoint']} | {r['concurrency']} | " + " | ".join(cell(by.get(c), ratios.get(c)) for c in cats)
+                     + f" | {cell(r['decode_tok_s_p50'], r.get('decode_ratio'))} | {_num(r.get('throughput_ratio'))} |")
+    return lines
 
 
 def write_serve_plots(result: dict, out: Path) -> list[str]:
@@ -307,6 +371,20 @@ def write_serve_plots(result: dict, out: Path) -> list[str]:
         ax.set_xlabel("concurrency")
         ax.set_title(title)
     _legend(axes[2], fontsize=7)
-    name = _save(fig, out / "serve_latency_throughput.png")
+    names = [_save(fig, out / "serve_latency_throughput.png")]
     plt.close(fig)
-    return [name]
+    for c in dict.fromkeys(r["concurrency"] for r in rows):
+        sel = [r for r in rows if r["concurrency"] == c]
+        cats = list(dict.fromkeys(k for r in sel for k in r.get("decode_tok_s_by_category", {}))) + ["all"]
+        fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(cats) * len(sel) / 2), 4))
+        width = 0.8 / len(sel)
+        for j, r in enumerate(sel):
+            vals = [r["decode_tok_s_by_category"].get(k) or 0 for k in cats[:-1]] + [r["decode_tok_s_p50"] or 0]
+            ax.bar([i + j * width for i in range(len(cats))], vals, width, label=r["endpoint"])
+        ax.set_xticks([i + width * (len(sel) - 1) / 2 for i in range(len(cats))], cats, rotation=20)
+        ax.set_ylabel("decode tok/s per request (median)")
+        ax.set_title(f"concurrency {c}")
+        _legend(ax, fontsize=7)
+        names.append(_save(fig, out / f"decode_by_category_c{c}.png"))
+        plt.close(fig)
+    return names

@@ -3,10 +3,10 @@
 - Admission: `try_admit()` reserves a place (fails fast when the queue is full, before any tokenizing); `submit()`
   turns the reservation into a request. A place is a free running slot (`max_num_seqs`) or one of `max_queued`
   waiting places.
-- The worker adds submitted requests to the engine at step boundaries (continuous batching: they join the running
-  batch while others decode), aborts requests whose client left (their KV and draft state are freed before the
-  next step), runs one step, and hands each request its delta through an asyncio queue fed with
-  `call_soon_threadsafe`. A request's error fails that request only.
+- The worker (the engine's compute thread, which also loaded the models: see compute.py) adds submitted requests
+  to the engine at step boundaries (continuous batching: they join the running batch while others decode),
+  aborts requests whose client left (their KV and draft state are freed before the next step), runs one step,
+  and hands each request its delta through an asyncio queue fed with `call_soon_threadsafe`. A request's error fails that request only.
 """
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ import asyncio
 import logging
 import threading
 import time
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 from ..config import SpeculativeConfig
 from ..engine import StepOutput
 from ..sampling.grammar import warm as warm_grammar
 from ..sampling_params import SamplingParams
+from .compute import ComputeThread
 from .metrics import ServerMetrics
 
 log = logging.getLogger("specdec.server")
@@ -79,8 +81,9 @@ class RequestAborted(Exception):
 
 class AsyncEngine:
     def __init__(self, llm, default_spec: SpeculativeConfig, max_queued: int, metrics: ServerMetrics,
-                 log_interval_s: float = 10.0):
+                 log_interval_s: float = 10.0, compute: ComputeThread | None = None):
         self.llm = llm
+        self.compute = compute or ComputeThread()      # the thread that loaded `llm`, when the caller has one
         self.engine = llm.engine
         self.default_spec = default_spec
         self.max_queued = max_queued
@@ -92,7 +95,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._worker: Future | None = None
         self._listening = False
         self.healthy = True
         self.last_error: str | None = None
@@ -132,7 +135,7 @@ class AsyncEngine:
         """Before serving: measure (or read) the cost model for method auto and export every pool's state, warm
         the tokenizer, start the worker thread."""
         if self.default_spec.method == "auto":
-            await asyncio.to_thread(self.llm.policy)
+            await self.compute.run(self.llm.policy)
             self.llm.policy().set_listener(self.metrics.set_pool_enabled)
         await asyncio.to_thread(warm_tokenizer, self.llm.tokenizer)
         self.start()
@@ -148,7 +151,7 @@ class AsyncEngine:
 
     @property
     def alive(self) -> bool:
-        return self.healthy and self._thread is not None and self._thread.is_alive()
+        return self.healthy and self._worker is not None and not self._worker.done()
 
     def try_admit(self) -> bool:
         with self._lock:
@@ -177,8 +180,7 @@ class AsyncEngine:
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="specdec-engine", daemon=True)
-        self._thread.start()
+        self._worker = self.compute.submit(self._loop)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop admitting; let queued and running requests finish for up to `timeout` s, then abort the rest."""
@@ -194,8 +196,9 @@ class AsyncEngine:
             h.abort()
         with self._wake:
             self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._worker is not None:
+            wait([self._worker], timeout=10)
+        self.compute.stop()
 
     # -- worker thread ---------------------------------------------------------------------------------
     def _loop(self) -> None:

@@ -30,7 +30,7 @@ def parse_speculative_config(text: str | None) -> SpeculativeConfig:
         raise SpecDecError(f"--speculative-config: {exc}") from None
 
 
-def examples(host: str, port: int, model: str, api_key: str | None) -> str:
+def examples(host: str, port: int, model: str, api_key: str | None, quantization: str | None = None) -> str:
     """Ready-to-paste requests. The Python line names this interpreter (the venv's) and is printed only when the
     `openai` package is importable here (it is a test extra); otherwise a streaming curl stands in."""
     import importlib.util
@@ -41,7 +41,10 @@ def examples(host: str, port: int, model: str, api_key: str | None) -> str:
     body = (f'{{"model": "{model}", "messages": [{{"role": "user", "content": "Write a Python function that '
             f'reverses a string."}}], "max_tokens": 128')
     text = f"""specdec is ready on {base}  (metrics: http://{host}:{port}/metrics)
-
+"""
+    if quantization:
+        text += f"target weights: {WEIGHTS.get(quantization, quantization)}\n"
+    text += f"""
 curl {base}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}}}'
 """
     if importlib.util.find_spec("openai") is not None:
@@ -53,6 +56,10 @@ curl {base}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body
 curl -N {base}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}, "stream": true}}'
 """
     return text
+
+
+WEIGHTS = {"int4": "int4 (the GGUF's quantized blocks on specdec's CPU kernels; --quantization none for bf16)",
+           "int8": "int8 (weight-only, per channel)", "none": "the runtime dtype (--quantization none)"}
 
 
 def check_server_args(args) -> None:
@@ -96,7 +103,15 @@ def scheduler_config(args) -> SchedulerConfig:
 
 def build_engine(args):
     """Load the models named by `specdec serve`'s arguments; returns (AsyncEngine, served model name). One server
-    process runs one; each Ray Serve engine replica runs one."""
+    process runs one; each Ray Serve engine replica runs one. The loading runs on the engine's compute thread,
+    the thread that later drives its steps (compute.py says why)."""
+    from .compute import ComputeThread
+
+    compute = ComputeThread()
+    return compute.call(_build_engine, args, compute)
+
+
+def _build_engine(args, compute):
     from ..llm import LLM
     from .async_engine import AsyncEngine
     from .metrics import ServerMetrics
@@ -117,7 +132,8 @@ def build_engine(args):
     if llm.heads:
         llm.row_cost(1)          # token trees are sized by the measured cost model: measure it now, not mid-request
     name = args.served_model_name or llm.target.name
-    engine = AsyncEngine(llm, spec, args.max_queued, ServerMetrics(name), log_interval_s=args.log_interval)
+    engine = AsyncEngine(llm, spec, args.max_queued, ServerMetrics(name), log_interval_s=args.log_interval,
+                         compute=compute)
     return engine, name
 
 
@@ -132,6 +148,10 @@ def server_state(engine, name: str | None, args):
 
 def run_server(args) -> int:
     check_server_args(args)
+    if args.quantization is None:              # after the checks: this may assemble the built-in model
+        from ..models.loader import default_quantization
+
+        args.quantization = default_quantization(args.target, args.device)
     if args.replicas is not None or args.ray_address or args.autoscaling_config:
         from .ray_serve import run_ray_server
 
@@ -150,7 +170,8 @@ def run_server(args) -> int:
         async def startup(self, sockets=None):
             await super().startup(sockets)
             if self.started:
-                print(examples(args.host, args.port, name, args.api_key), file=sys.stderr, flush=True)
+                print(examples(args.host, args.port, name, args.api_key, args.quantization), file=sys.stderr,
+                      flush=True)
 
         async def shutdown(self, sockets=None):
             # The drain clock starts at the signal, beside uvicorn's wait for open connections: at the deadline
