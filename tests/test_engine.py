@@ -165,6 +165,39 @@ def test_draft_cache_follows_committed_tokens(tiny_models):
     assert engine.kv.num_seqs == 0 and engine.kv.allocated == 0
 
 
+@pytest.mark.parametrize("method", ["draft", "none"])
+def test_the_draft_reads_the_prompt_in_the_steps_that_prefill_the_target(tiny_models, method):
+    """A long prompt, prefilled in chunks: each chunk reaches the draft's cache in the step that prefills it in the
+    target, so the first decode step feeds the draft one token (not the prompt); a request that does not draft
+    with the model leaves the draft alone. Greedy output unchanged."""
+    target, draft = tiny_models
+    engine = _engine(target, draft, max_num_batched_tokens=16)
+    ids = _ids(target, PROMPT * 4)
+    assert len(ids) > 3 * 16
+    seq = engine.add_request("r", ids, _greedy(12), _spec(method, 3))
+    seen = []
+    while seq.num_computed < len(ids):
+        engine.step()
+        kv = engine.draft.kv.caches.get(seq.seq_id)
+        seen.append((seq.num_computed, kv.length if kv is not None else 0))
+    assert len(seen) >= 4
+    assert all(d == (n if method == "draft" else 0) for n, d in seen), seen
+    fed = []
+    forward = engine.draft.model.forward
+
+    def counting(*a, **kw):
+        fed.append(a[0].shape[-1] if a and hasattr(a[0], "shape") else None)
+        return forward(*a, **kw)
+    engine.draft.model.forward = counting
+    while not seq.finished:
+        engine.step()
+    engine.draft.model.forward = forward
+    if method == "draft":
+        assert fed and max(x for x in fed if x is not None) <= 4     # the newest tokens only, never a prompt chunk
+    plain = run(_engine(target), ids, _greedy(12), _spec("none"))
+    assert seq.output_ids == plain.token_ids
+
+
 def test_mismatched_draft_refused(tiny_dirs, tiny_models):
     target, _ = tiny_models
     other = load_model(str(tiny_dirs["other_vocab"]), dtype="float32", device="cpu", progress=False)

@@ -167,6 +167,12 @@ class LLMEngine:
         if head is not None:
             self.heads[head].release(seq.seq_id)
 
+    @staticmethod
+    def _drafts_with_model(seq: Sequence) -> bool:
+        """Will the draft model draft for this sequence (its method, or the draft auto's policy chose)?"""
+        ctl = seq.spec.controller
+        return seq.spec.method == "draft" or (ctl is not None and ctl.model == "draft" and ctl.k > 0)
+
     def _head_of(self, seq: Sequence) -> str | None:
         """The learned head drafting for this sequence (its method, or the one auto's policy chose), if any: that
         head reads the sequence's hidden states at every step."""
@@ -218,6 +224,9 @@ class LLMEngine:
                                    for i in self.heads[self._head_of(s)].target_hidden}))
             logits, hidden = forward_spans(self.model, spans, layers) if layers else (forward_spans(self.model, spans),
                                                                                        [None] * len(spans))
+            if self.draft is not None:       # the draft model reads the same prompt chunks in the same step
+                self.draft.prefill([(s.seq_id, s.num_computed, s.token_ids[s.num_computed:s.num_computed + n])
+                                    for s, n in prefills if self._drafts_with_model(s)])
         except Exception as exc:  # noqa: BLE001 - the step's requests fail; the engine goes on
             return [self._fail(s, exc) for s in [*decodes, *(s for s, _ in prefills)]]
         self.last_step = StepInfo(len(decodes) + len(prefills), sum(len(s.token_ids) for s in spans),

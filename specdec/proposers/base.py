@@ -81,6 +81,10 @@ class Proposer(ABC):
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
         """For each sequence, up to ks[i] tokens to follow ctxs[i].token_ids (fewer, or none, is allowed)."""
 
+    def prefill(self, chunks: list[tuple[int, int, list[int]]]) -> None:
+        """Prompt chunks (seq_id, start, token_ids) the target prefills this step, for a proposer that must read the
+        prompt itself (a draft model); default: nothing to read."""
+
     def observe(self, result: VerifyResult) -> None:
         """Called after each verification (default: nothing to learn)."""
 

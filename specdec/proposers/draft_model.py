@@ -37,8 +37,9 @@ class DraftModelProposer(Proposer):
     """Drafts for every sequence of a step in shared batched forwards of the draft model.
 
     Each sequence's draft cache (held by a KV manager, like the target's) is a prefix of its committed tokens.
-    The first forward of a step feeds every sequence the committed tokens its cache lacks (the prompt on the first
-    call; after a fully accepted draft, the last draft token and the bonus token) and yields its first draft
+    The engine feeds it the prompt, chunk by chunk, in the steps that prefill the target (`prefill`). The first
+    forward of a step feeds every sequence the committed tokens its cache lacks (the newest token; after a fully
+    accepted draft, the last draft token and the bonus token; the prompt when it was not fed during prefill) and yields its first draft
     token; each further forward feeds one row per sequence still drafting. A sequence more than `catchup_budget`
     tokens behind (a long prompt) only catches up by a chunk this step and drafts nothing, so no step carries an
     unbounded draft prefill. After verification `observe` truncates the cache to the committed prefix (O(1)).
@@ -50,6 +51,24 @@ class DraftModelProposer(Proposer):
         self.vocab_size = vocab_size                 # compare on the shared vocabulary
         self.kv = kv                                 # engine.kv_manager.KVManager over the draft model
         self.catchup_budget = catchup_budget
+
+    @torch.inference_mode()
+    def prefill(self, chunks: list[tuple[int, int, list[int]]]) -> None:
+        """Feed prompt chunks (seq_id, start, token_ids) to the draft in the step that prefills them in the target,
+        in one forward, so that a long prompt's draft prefill is paid before the first token instead of by the
+        decode steps after it. A chunk that does not continue the draft's cache (a sequence that joined the draft
+        mid-way) is left to `propose`'s catch-up."""
+        spans = []
+        for seq_id, start, ids in chunks:
+            kv = self.kv.get(seq_id)
+            if kv.length != start or not ids or self.kv.extra_needed(seq_id, start + len(ids)) > self.kv.free:
+                continue                 # no room now: propose() catches up later
+            self.kv.ensure(seq_id, start + len(ids))
+            spans.append(Span(kv, start, ids, "none"))
+        if spans:
+            forward_spans(self.model, spans)
+            for span in spans:
+                span.kv.length = span.start + len(span.token_ids)
 
     @torch.inference_mode()
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
