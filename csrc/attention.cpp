@@ -59,18 +59,8 @@ using specdec::vexp;
 using specdec::vload;
 using specdec::vstore;
 
-template <typename B>   // B: float or uint16_t (bf16 bits); d a multiple of 16, at most 256
-SPECDEC_AVX512F void attend_avx512(const B* q, const B* kc, const B* vc, int64_t d, int64_t nkeys, KeySlots slot,
-                                   float scale, float* s, B* out) {
-    const int nv = int(d / 16);
-    __m512 qv[16];
-    for (int i = 0; i < nv; ++i) qv[i] = vload(q + 16 * i);
-    for (int64_t j = 0; j < nkeys; ++j) {
-        const B* kj = kc + slot(j) * d;
-        __m512 acc = _mm512_mul_ps(qv[0], vload(kj));
-        for (int i = 1; i < nv; ++i) acc = _mm512_fmadd_ps(qv[i], vload(kj + 16 * i), acc);
-        s[j] = _mm512_reduce_add_ps(acc) * scale;
-    }
+// s[0..nkeys) <- exp(s - max s), in place; returns their sum (the softmax's denominator).
+SPECDEC_AVX512F inline float softmax_avx512(float* s, int64_t nkeys) {
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     int64_t j = 0;
     for (; j + 16 <= nkeys; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
@@ -88,15 +78,102 @@ SPECDEC_AVX512F void attend_avx512(const B* q, const B* kc, const B* vc, int64_t
         _mm512_mask_storeu_ps(s + j, tail, e);
         vsum = _mm512_add_ps(vsum, e);
     }
+    return _mm512_reduce_add_ps(vsum);
+}
+
+template <typename B>   // B: float or uint16_t (bf16 bits); d a multiple of 16, at most 256
+SPECDEC_AVX512F void attend_avx512(const B* q, const B* kc, const B* vc, int64_t d, int64_t nkeys, KeySlots slot,
+                                   float scale, float* s, B* out) {
+    const int nv = int(d / 16);
+    __m512 qv[16];
+    for (int i = 0; i < nv; ++i) qv[i] = vload(q + 16 * i);
+    for (int64_t j = 0; j < nkeys; ++j) {
+        const B* kj = kc + slot(j) * d;
+        __m512 acc = _mm512_mul_ps(qv[0], vload(kj));
+        for (int i = 1; i < nv; ++i) acc = _mm512_fmadd_ps(qv[i], vload(kj + 16 * i), acc);
+        s[j] = _mm512_reduce_add_ps(acc) * scale;
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / softmax_avx512(s, nkeys));
     __m512 o[16];
     for (int i = 0; i < nv; ++i) o[i] = _mm512_setzero_ps();
-    for (j = 0; j < nkeys; ++j) {
+    for (int64_t j = 0; j < nkeys; ++j) {
         const __m512 e = _mm512_set1_ps(s[j]);
         const B* vj = vc + slot(j) * d;
         for (int i = 0; i < nv; ++i) o[i] = _mm512_fmadd_ps(e, vload(vj + 16 * i), o[i]);
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
     for (int i = 0; i < nv; ++i) vstore(out + 16 * i, _mm512_mul_ps(o[i], inv));
+}
+
+// The query heads of one KV group (G of them) attend together: each key and value row is read once for all G
+// instead of once per head, which is what a verification row costs at long context (the cache of a layer no
+// longer fits the inner caches, and one row per head read it 6x for Qwen2.5's 12/2 heads). Per head the
+// arithmetic is attend_avx512's, op for op and in the same order (the score chain over d, its horizontal sum,
+// the softmax, the value sums key by key per column), so a head's result has the same bits either way.
+template <typename B, int G, int C>   // C: columns of 16 accumulated per pass over the values (G * C registers)
+SPECDEC_AVX512F void weighted_values_heads(const B* vc, int64_t d, int64_t nkeys, KeySlots slot, const float* s,
+                                           const float* inv, B* out, int64_t out_stride) {
+    const int nv = int(d / 16);
+    for (int c0 = 0; c0 < nv; c0 += C) {
+        __m512 o[G][C];
+        for (int g = 0; g < G; ++g)
+            for (int c = 0; c < C; ++c) o[g][c] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < nkeys; ++j) {
+            const B* vj = vc + slot(j) * d + 16 * c0;
+            __m512 vv[C];
+            for (int c = 0; c < C; ++c) vv[c] = vload(vj + 16 * c);
+            for (int g = 0; g < G; ++g) {
+                const __m512 e = _mm512_set1_ps(s[g * nkeys + j]);
+                for (int c = 0; c < C; ++c) o[g][c] = _mm512_fmadd_ps(e, vv[c], o[g][c]);
+            }
+        }
+        for (int g = 0; g < G; ++g)
+            for (int c = 0; c < C; ++c)
+                vstore(out + g * out_stride + 16 * (c0 + c), _mm512_mul_ps(o[g][c], _mm512_set1_ps(inv[g])));
+    }
+}
+
+template <typename B, int G>   // q: G heads, head h at q + h * q_stride; out likewise; s: G * nkeys floats
+SPECDEC_AVX512F void attend_heads_avx512(const B* q, int64_t q_stride, const B* kc, const B* vc, int64_t d,
+                                         int64_t nkeys, KeySlots slot, float scale, float* s, B* out,
+                                         int64_t out_stride) {
+    const int nv = int(d / 16);
+    alignas(64) float qf[G][256];
+    for (int g = 0; g < G; ++g)
+        for (int i = 0; i < nv; ++i) _mm512_store_ps(qf[g] + 16 * i, vload(q + g * q_stride + 16 * i));
+    for (int64_t j = 0; j < nkeys; ++j) {
+        const B* kj = kc + slot(j) * d;
+        __m512 acc[G];
+        const __m512 k0 = vload(kj);
+        for (int g = 0; g < G; ++g) acc[g] = _mm512_mul_ps(_mm512_load_ps(qf[g]), k0);
+        for (int i = 1; i < nv; ++i) {
+            const __m512 ki = vload(kj + 16 * i);
+            for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_load_ps(qf[g] + 16 * i), ki, acc[g]);
+        }
+        for (int g = 0; g < G; ++g) s[g * nkeys + j] = _mm512_reduce_add_ps(acc[g]) * scale;
+    }
+    float inv[G];
+    for (int g = 0; g < G; ++g) inv[g] = 1.0f / softmax_avx512(s + g * nkeys, nkeys);
+    if (nv % 4 == 0 && G <= 6)
+        weighted_values_heads<B, G, 4>(vc, d, nkeys, slot, s, inv, out, out_stride);
+    else if (nv % 2 == 0)
+        weighted_values_heads<B, G, 2>(vc, d, nkeys, slot, s, inv, out, out_stride);
+    else
+        weighted_values_heads<B, G, 1>(vc, d, nkeys, slot, s, inv, out, out_stride);
+}
+
+template <typename B>
+SPECDEC_AVX512F void attend_heads(int nh, const B* q, int64_t q_stride, const B* kc, const B* vc, int64_t d,
+                                  int64_t nkeys, KeySlots slot, float scale, float* s, B* out, int64_t out_stride) {
+    switch (nh) {
+        case 1: attend_heads_avx512<B, 1>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        case 2: attend_heads_avx512<B, 2>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        case 3: attend_heads_avx512<B, 3>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        case 4: attend_heads_avx512<B, 4>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        case 5: attend_heads_avx512<B, 5>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        case 6: attend_heads_avx512<B, 6>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        case 7: attend_heads_avx512<B, 7>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        default: attend_heads_avx512<B, 8>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+    }
 }
 
 namespace v2 = specdec::avx2;
@@ -180,11 +257,30 @@ SPECDEC_AVX2F void attend_avx2(const B* q, const B* kc, const B* vc, int64_t d, 
 #endif
 
 struct DecodeTask {
-    int64_t seq, row, pos, head;   // flat-batch row, its last key's index (its position), its query head
+    int64_t seq, row, pos, head;   // flat-batch row, its last key's index (its position), its first query head
+    int64_t nh;                    // query heads head .. head + nh - 1, all of one KV group
     KeySlots slots;                // where its keys are
 };
 
-// Every (row, head) of the decode runs, split over threads; each task reads its sequence's cache of this layer.
+// Query heads per task: a whole KV group (at most 8, the grouped kernel's widest), split further only while the
+// tasks are fewer than the threads.
+int64_t heads_per_task(int64_t decode_rows, int64_t hq, int64_t hkv) {
+    const int64_t group = hq / hkv, threads = at::get_num_threads();
+    int64_t per = std::min<int64_t>(group, 8);
+    while (per > 1 && decode_rows * hkv * ((group + per - 1) / per) < threads) per = (per + 1) / 2;
+    return per;
+}
+
+void push_tasks(std::vector<DecodeTask>& tasks, int64_t seq, int64_t row, int64_t pos, KeySlots slots, int64_t hq,
+                int64_t hkv, int64_t per) {
+    const int64_t group = hq / hkv;
+    for (int64_t g = 0; g < hkv; ++g)
+        for (int64_t h = g * group; h < (g + 1) * group; h += per)
+            tasks.push_back({seq, row, pos, h, std::min(per, (g + 1) * group - h), slots});
+}
+
+// Every (row, KV group's heads) of the decode runs, split over threads; each task reads its sequence's cache of
+// this layer once for its heads.
 template <typename T, typename B>
 void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vector<DecodeTask>& tasks,
                       const std::vector<const T*>& kbase, const std::vector<const T*>& vbase,
@@ -199,26 +295,30 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
         for (int64_t t = t0; t < t1; ++t) {
             const DecodeTask& task = tasks[t];
             const int64_t g = task.head / group, cap = caps[task.seq], nkeys = task.pos + 1;
-            if (int64_t(scratch.size()) < nkeys) scratch.resize(nkeys + 256);
-            const T* qh = qp + task.row * qs0 + task.head * qs1;
+            if (int64_t(scratch.size()) < task.nh * nkeys) scratch.resize(task.nh * nkeys + 256);
             const T* kc = kbase[task.seq] + g * cap * d;
             const T* vc = vbase[task.seq] + g * cap * d;
-            T* o = op + task.row * hq * d + task.head * d;
 #ifdef SPECDEC_HAVE_AVX512
             if (path == specdec::kOpsAvx512) {
-                attend_avx512<B>(reinterpret_cast<const B*>(qh), reinterpret_cast<const B*>(kc),
-                                 reinterpret_cast<const B*>(vc), d, nkeys, task.slots, scale, scratch.data(),
-                                 reinterpret_cast<B*>(o));
-                continue;
-            }
-            if (path == specdec::kOpsAvx2) {
-                attend_avx2<B>(reinterpret_cast<const B*>(qh), reinterpret_cast<const B*>(kc),
-                               reinterpret_cast<const B*>(vc), d, nkeys, task.slots, scale, scratch.data(),
-                               reinterpret_cast<B*>(o));
+                attend_heads<B>(int(task.nh), reinterpret_cast<const B*>(qp + task.row * qs0 + task.head * qs1), qs1,
+                                reinterpret_cast<const B*>(kc), reinterpret_cast<const B*>(vc), d, nkeys, task.slots,
+                                scale, scratch.data(), reinterpret_cast<B*>(op + task.row * hq * d + task.head * d), d);
                 continue;
             }
 #endif
-            attend_scalar<T>(qh, kc, vc, d, nkeys, task.slots, scale, scratch.data(), o);
+            for (int64_t h = task.head; h < task.head + task.nh; ++h) {
+                const T* qh = qp + task.row * qs0 + h * qs1;
+                T* o = op + task.row * hq * d + h * d;
+#ifdef SPECDEC_HAVE_AVX512
+                if (path == specdec::kOpsAvx2) {
+                    attend_avx2<B>(reinterpret_cast<const B*>(qh), reinterpret_cast<const B*>(kc),
+                                   reinterpret_cast<const B*>(vc), d, nkeys, task.slots, scale, scratch.data(),
+                                   reinterpret_cast<B*>(o));
+                    continue;
+                }
+#endif
+                attend_scalar<T>(qh, kc, vc, d, nkeys, task.slots, scale, scratch.data(), o);
+            }
         }
     });
 }
@@ -264,6 +364,11 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
     std::vector<int64_t> first_row(nseq);
     for (size_t i = 0, acc = 0; i < nseq; acc += counts[i], ++i) first_row[i] = int64_t(acc);
     std::vector<DecodeTask> tasks;
+    const int64_t hkv = k.size(1);
+    TORCH_CHECK(hkv >= 1 && hq % hkv == 0, "ragged_attention: query heads must be a multiple of KV heads");
+    int64_t decode_rows = 0;
+    for (size_t r = 0; r < nrun; ++r) decode_rows += run_decode[r] ? run_rows[r] : 0;
+    const int64_t per = heads_per_task(decode_rows, hq, hkv);
     for (size_t r = 0; r < nrun; ++r) {
         const int64_t i = run_seq[r], r0 = run_row[r], t = run_rows[r], key_len = run_keys[r];
         TORCH_CHECK(i >= 0 && size_t(i) < nseq && r0 >= first_row[i] && t >= 1 && r0 + t <= first_row[i] + counts[i],
@@ -285,14 +390,13 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
                         ++len;
                     }
                     TORCH_CHECK(prefix >= 0 && prefix + len >= 1 && prefix <= cap, "ragged_attention: bad tree row");
-                    for (int64_t h = 0; h < hq; ++h)
-                        tasks.push_back({i, r0 + row, prefix + len - 1, h, KeySlots{prefix, path}});
+                    push_tasks(tasks, i, r0 + row, prefix + len - 1, KeySlots{prefix, path}, hq, hkv, per);
                 }
                 continue;
             }
             for (int64_t row = r0; row < r0 + t; ++row) {
                 const int64_t pos = starts[i] + row - first_row[i];
-                for (int64_t h = 0; h < hq; ++h) tasks.push_back({i, row, pos, h, KeySlots{pos + 1, nullptr}});
+                push_tasks(tasks, i, row, pos, KeySlots{pos + 1, nullptr}, hq, hkv, per);
             }
             continue;
         }

@@ -97,3 +97,23 @@ def test_long_prompts_are_long_and_real():
         assert len(text) > (8000 if p["category"] == "rag-long" else 3000), (p["category"], len(text))
     assert "def insort_left" in ps[7]["messages"][-1]["content"]          # bisect's own source
     assert len(load_prompts("long:3")) == 3
+
+
+def test_overhead_pairs_served_and_offline_prompts(tmp_path, capsys):
+    """python -m specdec.bench.overhead: per prompt, served / offline decode tok/s (offline: the median of its
+    repeats), by category and over all."""
+    import json
+
+    from specdec.bench.overhead import main as overhead
+
+    offline = {"runs": [{"method": m, "k": 0, "temperature": 0.0, "prompt_index": i, "category": c, "decode_tok_s": v}
+                        for m, i, c, v in [("none", 0, "a", 20.0), ("none", 0, "a", 22.0), ("none", 0, "a", 10.0),
+                                           ("none", 1, "b", 10.0), ("draft", 1, "b", 99.0)]]}
+    served = {"requests": [{"ok": True, "concurrency": 1, "endpoint": "s", "prompt_index": i, "decode_tok_s": v}
+                           for i, v in [(0, 19.0), (1, 10.0)]]}
+    (tmp_path / "o.json").write_text(json.dumps(offline))
+    (tmp_path / "s.json").write_text(json.dumps(served))
+    assert overhead([str(tmp_path / "o.json"), str(tmp_path / "s.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| a | 1 | 0.950 | +5.0% |" in out and "| b | 1 | 1.000 | +0.0% |" in out and "| all | 2 | 0.975 |" in out
+    assert overhead([str(tmp_path / "o.json"), str(tmp_path / "missing.json")]) == 1
