@@ -25,8 +25,8 @@ from .proposers import check_compatible
 from .proposers.ngram import find_ngram_continuation
 from .sampling_params import SamplingParams
 
-COST_MODEL_REVISION = 9      # part of the cost-model cache key: 9 = heads timed after a target forward, as the engine
-                             # runs them (8: int4 tiles of up to 9 rows, 7: learned heads' costs, 6: kernel weights in
+COST_MODEL_REVISION = 10     # part of the cost-model cache key: 10 = V(n) and c also at a long context, 9 = heads
+                             # timed after a target forward, as the engine runs them (8: int4 tiles of up to 9 rows, 7: learned heads' costs, 6: kernel weights in
                              # 2 MB pages, 5: bf16 on specdec._C)
 
 Prompt = str | list[dict]   # raw text or chat messages
@@ -147,6 +147,7 @@ class LLM:
         max_rows = self.scheduler_config.max_num_seqs * (k_max + 1)
         key = "|".join(map(str, (self.target.source, self.draft.source if self.draft else None, p.dtype, p.device,
                                  torch.get_num_threads(), k_max, max_rows, torch.__version__,
+                                 self.speculative.prompt_lookup_max, self.speculative.prompt_lookup_min,
                                  self.quantization, self.draft_quantization, COST_MODEL_REVISION,
                                  sorted((m, str(h.source), h.quantization) for m, h in self.heads.items()))))
         path = cache_dir() / "cost_models" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")

@@ -305,3 +305,33 @@ def test_auto_runs_a_learned_head_with_parity(tiny_dirs, tmp_path, monkeypatch):
     again = llm.generate(ids, params, spec="auto", pool="p", request_id="a1")[0]
     assert again.token_ids == plain
     assert (again.stats.method == "none") == (out.stats.acceptance_rate < 0.2)
+
+
+def test_cost_model_at_a_long_context_interpolates_and_round_trips():
+    cm = CostModel(draft_step=0.30, verify=[1.0, 1.05, 1.10, 1.15, 1.20], verify_large=[[10, 1.5]], context=256,
+                   long_context=2048, verify_long=[1.0, 1.20, 1.35, 1.50], draft_step_long=0.40)
+    assert cm.at(100) is cm and cm.at(256) is cm
+    long = cm.at(2048)
+    assert long.verify[:4] == pytest.approx([1.0, 1.20, 1.35, 1.50]) and long.draft_step == pytest.approx(0.40)
+    assert long.verify[4] == pytest.approx(1.50 + 0.05)          # past the long rows: the short context's growth
+    mid = cm.at(1152)
+    assert mid.verify[1] == pytest.approx(1.125) and mid.draft_step == pytest.approx(0.35)
+    far = cm.at(100_000)                                         # extrapolated to twice the span, no further
+    assert far.verify[1] == pytest.approx(1.35) and far.draft_step == pytest.approx(0.50)
+    assert far.verify_large[0][1] > 1.5
+    back = CostModel.from_dict(cm.to_dict())
+    assert back.at(2048).verify == long.verify and back.long_context == 2048
+    assert CostModel(draft_step=float("inf"), verify=[1.0, 1.1], long_context=2048,
+                     verify_long=[1.0, 1.3]).at(4096).draft_step == float("inf")
+
+
+def test_choose_drafts_less_after_a_long_prompt():
+    """The same acceptance pays at a short context and not at a long one, where each verified row and each draft
+    step costs more relative to a plain step."""
+    cm = CostModel(draft_step=0.30, verify=[1.0, 1.05, 1.09, 1.13, 1.17, 1.21, 1.25, 1.29, 1.33], context=256,
+                   long_context=2048, verify_long=[1.0, 1.18, 1.30, 1.42, 1.54, 1.66], draft_step_long=0.40)
+    short = choose(RequestFeatures(max_tokens=256, context=200), {"draft": 0.6}, cm, PolicyConfig(), ("draft",))
+    long = choose(RequestFeatures(max_tokens=256, context=3000), {"draft": 0.6}, cm, PolicyConfig(), ("draft",))
+    assert short.method == "draft" and short.k >= 1
+    assert long.method == "none" or long.k < short.k
+    assert long.expected_speedup < short.expected_speedup

@@ -140,14 +140,15 @@ class LLMEngine:
         aware)."""
         policy, p, sp = self.policy, seq.params, seq.spec
         load = self.num_running + self.num_waiting
-        d = policy.decide(seq.request_id, sp.pool, RequestFeatures(p.temperature, p.top_p, p.max_tokens, load))
+        d = policy.decide(seq.request_id, sp.pool, RequestFeatures(p.temperature, p.top_p, p.max_tokens, load,
+                                                                   len(seq.prompt_ids)))
         sp.decision = d
         seq.stats.method, seq.stats.num_speculative_tokens, seq.stats.policy_reason = d.method, d.k, d.reason
         if d.method == "none":
             sp.method, sp.k = "none", 0
         else:   # the draft (when chosen) and prompt lookup side by side; the step controller picks per step
             sp.k = policy.cfg.k_max
-            sp.controller = policy.controller(d, sp.pool, p.temperature)
+            sp.controller = policy.controller(d, sp.pool, p.temperature, len(seq.prompt_ids))
 
     def abort(self, request_id: str) -> Sequence | None:
         """Stop a request now: its KV and draft state are freed before the next step. Returns it, if it ran."""
@@ -343,7 +344,8 @@ class LLMEngine:
                 rows += room
             else:   # auto: the step controller picks the draft's k or the lookup guess, knowing the step's rows
                 if budget is None and self._policy is not None:
-                    budget = StepBudget(self._policy.cost, rows=rows, tokens=float(len(seqs)))
+                    context = max(len(s.token_ids) for s in seqs)     # the longest attention prices the rows
+                    budget = StepBudget(self._policy.cost.at(context), rows=rows, tokens=float(len(seqs)))
                 plan.match_len, plan.guess = self.lookup_for(sp).match(seq.token_ids, room)
                 if seq.constraint is not None:
                     plan.guess = plan.guess[:seq.constraint.valid_prefix(plan.guess)]

@@ -11,10 +11,13 @@ A learned head (eagle3, medusa) costs h1 for its first draft token (feeding the 
 and an output head) and h for each further one: S_head(α, k) = E(α, k) / (h1 + (k−1)·h + V(k+1)); Medusa's heads
 guess every position at once (h ≈ 0).
 
-Both c and V(n) are measured on the machine (see `measure.py`); this file is pure arithmetic.
+Both c and V(n) are measured on the machine (see `measure.py`) at a short context and at a long one: attention
+over the context is paid per row, so a verification row and a draft step cost more, relative to a plain step,
+as the context grows (`at(context)` interpolates between the two). This file is pure arithmetic.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -39,6 +42,12 @@ class CostModel:
     target_step_s: float = 0.0           # seconds of one plain target step (for net-speedup accounting)
     source: str = "measured"             # where the numbers came from
     heads: dict = field(default_factory=dict)   # learned head method -> [h1, h]: its first / each further draft token
+    # the same figures at a long context (each relative to a plain step at that context); 0: not measured
+    context: int = 256                   # the context the figures above were measured at
+    long_context: int = 0
+    verify_long: list[float] = field(default_factory=list)
+    draft_step_long: float = 0.0
+    _by_context: dict = field(default_factory=dict, repr=False, compare=False)   # at()'s results, per 64 tokens
 
     def __post_init__(self):
         # a forward over more tokens never costs less than over fewer: measurement noise (and row padding that
@@ -73,13 +82,47 @@ class CostModel:
     def to_dict(self) -> dict:
         return {"draft_step": self.draft_step, "verify": list(self.verify), "verify_large": self.verify_large,
                 "lookup": self.lookup, "target_step_s": self.target_step_s, "source": self.source,
-                "heads": {m: list(c) for m, c in self.heads.items()}}
+                "heads": {m: list(c) for m, c in self.heads.items()}, "context": self.context,
+                "long_context": self.long_context, "verify_long": list(self.verify_long),
+                "draft_step_long": self.draft_step_long}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
         return cls(float(d["draft_step"]), [float(v) for v in d["verify"]], d.get("verify_large", []),
                    float(d.get("lookup", 0.0)), float(d.get("target_step_s", 0.0)), d.get("source", "cache"),
-                   {m: [float(x) for x in c] for m, c in d.get("heads", {}).items()})
+                   {m: [float(x) for x in c] for m, c in d.get("heads", {}).items()}, int(d.get("context", 256)),
+                   int(d.get("long_context", 0)), [float(v) for v in d.get("verify_long", [])],
+                   float(d.get("draft_step_long", 0.0)))
+
+    def at(self, context: int) -> "CostModel":
+        """The cost model of a step after `context` tokens: V(n) and c interpolated linearly in the context between
+        the two measured contexts, extrapolated past the long one up to twice its distance (attention grows
+        linearly with the context; further out the line is a guess, so it stops there). Below the short context,
+        or without a long measurement, the model itself."""
+        if not self.long_context or self.long_context <= self.context or context <= self.context or \
+                len(self.verify_long) < 2:
+            return self
+        context = -(-context // 64) * 64
+        if context not in self._by_context:
+            self._by_context[context] = self._at(context)
+        return self._by_context[context]
+
+    def _at(self, context: int) -> "CostModel":
+        span = self.long_context - self.context
+        w = min(2.0, (context - self.context) / span)
+        n = min(len(self.verify), len(self.verify_long))
+
+        def mix(a: float, b: float) -> float:
+            return a + (b - a) * w
+        verify = [mix(a, b) for a, b in zip(self.verify[:n], self.verify_long[:n])]
+        # past the long measurement's rows, the short context's growth per row on top of its last point
+        verify += [verify[-1] + x - self.verify[n - 1] for x in self.verify[n:]]
+        scale = verify[-1] / self.verify[len(verify) - 1] if self.verify[len(verify) - 1] else 1.0
+        large = [[m, x * scale] for m, x in self.verify_large]
+        finite = math.isfinite(self.draft_step) and math.isfinite(self.draft_step_long)
+        draft = mix(self.draft_step, self.draft_step_long) if self.draft_step_long and finite else self.draft_step
+        return CostModel(draft, verify, large, self.lookup, self.target_step_s, self.source, dict(self.heads),
+                         context)
 
 
 def proposal_cost(method: str, k: int, cost: CostModel) -> float:

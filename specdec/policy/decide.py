@@ -40,6 +40,7 @@ class RequestFeatures:
     top_p: float = 1.0
     max_tokens: int = 256
     load: int = 0                     # running + waiting requests when this one arrives
+    context: int = 0                  # prompt tokens: rows and draft steps cost more after a long context
 
 
 MODEL_METHODS = ("draft", "eagle3", "eagle", "medusa")   # proposers that cost time per draft token (not prompt lookup)
@@ -104,6 +105,7 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
     if features.load > cfg.max_load:
         return Decision("none", 0, 1.0, f"load {features.load} > {cfg.max_load}: no idle compute to spend", gated=True)
     k_max = min(cfg.k_max, features.max_tokens - 1)
+    cost = cost.at(features.context)
     cands: dict[str, Decision] = {}
     for method in available:
         alpha = alphas.get(method)

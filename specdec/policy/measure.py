@@ -94,13 +94,15 @@ def head_times(proposer, hidden_size: int, vocab: int, dtype, device, context: i
 
 @torch.inference_mode()
 def measure_cost_model(target, draft=None, lookup=None, k_max: int = 8, context: int = 256,
-                       repeats: int = 5, max_rows: int = 0, heads: dict | None = None) -> CostModel:
+                       repeats: int = 5, max_rows: int = 0, heads: dict | None = None,
+                       long_context: int = 2048) -> CostModel:
     """target/draft: Transformer models; lookup(token_ids) -> proposal, the n-gram proposer's search; heads: the
     engine's learned-head proposers by method.
 
     V(n) = t(n) / t(1) for n = 1..k_max+1 and at a few row counts up to `max_rows` (a batched step);
     c = draft step / target step; lookup cost / target step; per head, its first and each further draft token
-    / target step.
+    / target step. V(n) for n = 1..min(k_max + 1, 6) and c again after `long_context` cached tokens (0: not
+    measured; fewer where the model's positions end).
     """
     small = list(range(1, k_max + 2))
     t = forward_times(target, small, context, repeats)
@@ -116,8 +118,17 @@ def measure_cost_model(target, draft=None, lookup=None, k_max: int = 8, context:
         head_cost = {m: [x / t[1] for x in head_times(p, target.config.hidden_size, w.shape[0], w.dtype, w.device,
                                                         context, min(k_max, 4), repeats, target_step)]
                      for m, p in heads.items()}
+    long_ctx = min(long_context, target.config.max_position_embeddings - k_max - 4)
+    verify_long, c_long = [], 0.0
+    if long_ctx > context:
+        few = small[:6]
+        tl = forward_times(target, few, long_ctx, max(2, repeats // 2))
+        verify_long = [tl[n] / tl[1] for n in few]
+        if draft is not None:
+            c_long = forward_times(draft, [1], long_ctx, max(2, repeats // 2))[1] / tl[1]
     return CostModel(draft_step=c, verify=verify, verify_large=large, lookup=cost, target_step_s=t[1],
-                     source="measured", heads=head_cost)
+                     source="measured", heads=head_cost, context=context,
+                     long_context=long_ctx if verify_long else 0, verify_long=verify_long, draft_step_long=c_long)
 
 
 def one_target_step(model, context: int):

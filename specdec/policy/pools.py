@@ -191,15 +191,15 @@ class SpeculationPolicy:
                                         f"{acc if acc is not None else 0:.2f} < {self.cfg.min_acceptance}", acc)
 
     def controller(self, decision: Decision, pool_name: str = "default",
-                   temperature: float = 0.0) -> StepController | None:
+                   temperature: float = 0.0, context: int = 0) -> StepController | None:
         """The step controller of a speculative request: the draft (when chosen) with the decision's k, prompt
-        lookup with the pool's record for this temperature as its prior."""
+        lookup with the pool's record for this temperature as its prior; priced at the request's context."""
         if decision.method == "none":
             return None
         bucket = temperature_bucket(temperature)
         pool = self.pool(pool_name)
         lookup_alpha = pool.estimate("ngram", bucket)
-        return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost, self.cfg,
+        return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost.at(context), self.cfg,
                               lookup_alpha if lookup_alpha is not None else prior_alpha("ngram", temperature, self.cfg),
                               pool.lookup_prior(bucket), use_lookup="ngram" in self.available)
 
