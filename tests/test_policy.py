@@ -335,3 +335,18 @@ def test_choose_drafts_less_after_a_long_prompt():
     assert short.method == "draft" and short.k >= 1
     assert long.method == "none" or long.k < short.k
     assert long.expected_speedup < short.expected_speedup
+
+
+def test_the_draft_is_not_chosen_when_reading_a_long_prompt_costs_more_than_it_saves():
+    """The draft reads the prompt before the first token: with 128 tokens to write after a 2.5k-token prompt its
+    read (2.5k x 1.4 ms) outweighs what 1.3x saves (128 x 58 ms x 0.23); with 2,048 tokens to write it pays."""
+    cm = CostModel(draft_step=0.30, verify=[1.0, 1.05, 1.09, 1.13, 1.17], target_step_s=0.058, draft_prefill_s=0.0014)
+    few = choose(RequestFeatures(max_tokens=128, context=2500), {"draft": 0.7, "ngram": 0.3}, cm, PolicyConfig())
+    many = choose(RequestFeatures(max_tokens=2048, context=2500), {"draft": 0.7, "ngram": 0.3}, cm, PolicyConfig())
+    short = choose(RequestFeatures(max_tokens=128, context=100), {"draft": 0.7, "ngram": 0.3}, cm, PolicyConfig())
+    assert few.method != "draft" and many.method == "draft" and short.method == "draft"
+    alone = choose(RequestFeatures(max_tokens=128, context=2500), {"draft": 0.7}, cm, PolicyConfig(), ("draft",))
+    assert alone.method == "none" and "prompt read" in alone.reason
+    policy = SpeculationPolicy(cm, PolicyConfig(), ("ngram", "draft"))
+    d = policy.decide("r1", "chat", RequestFeatures(max_tokens=128, context=2500))
+    assert d.method != "draft"                   # not explored either: it cannot pay for this prompt

@@ -47,6 +47,10 @@ class CostModel:
     long_context: int = 0
     verify_long: list[float] = field(default_factory=list)
     draft_step_long: float = 0.0
+    target_step_long_s: float = 0.0
+    # seconds per prompt token for the draft model to read a prompt (it does so while the target prefills, so a
+    # long prompt's first token comes later by about this much per token when the draft is chosen)
+    draft_prefill_s: float = 0.0
     _by_context: dict = field(default_factory=dict, repr=False, compare=False)   # at()'s results, per 64 tokens
 
     def __post_init__(self):
@@ -84,7 +88,8 @@ class CostModel:
                 "lookup": self.lookup, "target_step_s": self.target_step_s, "source": self.source,
                 "heads": {m: list(c) for m, c in self.heads.items()}, "context": self.context,
                 "long_context": self.long_context, "verify_long": list(self.verify_long),
-                "draft_step_long": self.draft_step_long}
+                "draft_step_long": self.draft_step_long, "target_step_long_s": self.target_step_long_s,
+                "draft_prefill_s": self.draft_prefill_s}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
@@ -92,7 +97,8 @@ class CostModel:
                    float(d.get("lookup", 0.0)), float(d.get("target_step_s", 0.0)), d.get("source", "cache"),
                    {m: [float(x) for x in c] for m, c in d.get("heads", {}).items()}, int(d.get("context", 256)),
                    int(d.get("long_context", 0)), [float(v) for v in d.get("verify_long", [])],
-                   float(d.get("draft_step_long", 0.0)))
+                   float(d.get("draft_step_long", 0.0)), float(d.get("target_step_long_s", 0.0)),
+                   float(d.get("draft_prefill_s", 0.0)))
 
     def at(self, context: int) -> "CostModel":
         """The cost model of a step after `context` tokens: V(n) and c interpolated linearly in the context between
@@ -121,8 +127,18 @@ class CostModel:
         large = [[m, x * scale] for m, x in self.verify_large]
         finite = math.isfinite(self.draft_step) and math.isfinite(self.draft_step_long)
         draft = mix(self.draft_step, self.draft_step_long) if self.draft_step_long and finite else self.draft_step
-        return CostModel(draft, verify, large, self.lookup, self.target_step_s, self.source, dict(self.heads),
-                         context)
+        step_s = mix(self.target_step_s, self.target_step_long_s) if self.target_step_long_s else self.target_step_s
+        return CostModel(draft, verify, large, self.lookup, step_s, self.source, dict(self.heads), context,
+                         draft_prefill_s=self.draft_prefill_s)
+
+
+def prefill_pays(cost: CostModel, context: int, max_tokens: int, speedup: float) -> bool:
+    """Does a draft model that must first read a `context`-token prompt (cost.draft_prefill_s a token, paid before
+    the first token) win back that time over at most `max_tokens` decode steps at `speedup`? Unknown costs: yes."""
+    if not cost.draft_prefill_s or not cost.target_step_s or speedup <= 1.0:
+        return speedup > 1.0
+    saved = max_tokens * cost.target_step_s * (1.0 - 1.0 / speedup)
+    return saved > context * cost.draft_prefill_s
 
 
 def proposal_cost(method: str, k: int, cost: CostModel) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import K_MAX, K_MIN
-from .cost_model import CostModel, StepBudget, best_k, expected_tokens
+from .cost_model import CostModel, StepBudget, best_k, expected_tokens, prefill_pays
 
 
 @dataclass
@@ -107,17 +107,22 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
     k_max = min(cfg.k_max, features.max_tokens - 1)
     cost = cost.at(features.context)
     cands: dict[str, Decision] = {}
+    skipped: list[str] = []
     for method in available:
         alpha = alphas.get(method)
         observed = alpha is not None
         if alpha is None:
             alpha = prior_alpha(method, features.temperature, cfg)
         k, s = best_k(method, alpha, cost, k_max)
+        if k and method == "draft" and not prefill_pays(cost, features.context, features.max_tokens, s):
+            skipped.append(f"the draft's {features.context}-token prompt read costs more than {s:.2f}x saves over "
+                           f"{features.max_tokens} tokens")
+            continue
         if k:
             src = "observed" if observed else "prior"
             cands[method] = Decision(method, k, s, f"{method} k={k}: {src} α={alpha:.2f} -> expected {s:.2f}x", alpha)
     if not cands:
-        return Decision("none", 0, 1.0, "no method is expected to beat plain decoding")
+        return Decision("none", 0, 1.0, "; ".join(skipped) or "no method is expected to beat plain decoding")
     best = max(cands.values(), key=lambda d: d.expected_speedup)
     if best.expected_speedup < cfg.min_speedup:
         return Decision("none", 0, 1.0, f"best {best.method} k={best.k} expected {best.expected_speedup:.2f}x "

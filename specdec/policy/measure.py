@@ -126,9 +126,21 @@ def measure_cost_model(target, draft=None, lookup=None, k_max: int = 8, context:
         verify_long = [tl[n] / tl[1] for n in few]
         if draft is not None:
             c_long = forward_times(draft, [1], long_ctx, max(2, repeats // 2))[1] / tl[1]
+    prefill_s = prefill_time(draft, 512) / 512 if draft is not None else 0.0     # one chunk of the engine's size
     return CostModel(draft_step=c, verify=verify, verify_large=large, lookup=cost, target_step_s=t[1],
                      source="measured", heads=head_cost, context=context,
-                     long_context=long_ctx if verify_long else 0, verify_long=verify_long, draft_step_long=c_long)
+                     long_context=long_ctx if verify_long else 0, verify_long=verify_long, draft_step_long=c_long,
+                     target_step_long_s=tl[1] if verify_long else 0.0, draft_prefill_s=prefill_s)
+
+
+def prefill_time(model, tokens: int, repeats: int = 2) -> float:
+    """Seconds for `model` to read a `tokens`-token prompt in one chunk (the minimum of a few)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _primed_cache(model, tokens, 1)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def one_target_step(model, context: int):
