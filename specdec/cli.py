@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prompt-chunk + decode rows per engine step (long prompts are prefilled in chunks)")
     sv.add_argument("--max-total-tokens", type=int, default=None,
                     help="KV positions of all sequences together (default 65536; allocated as sequences grow)")
+    sv.add_argument("--itl-target-ms", type=float, default=500.0,
+                    help="while requests decode, a step's prompt chunk is sized (from the measured prefill speed) so "
+                         "the step takes about this long: a long prompt cannot stall the running streams; 0: chunks "
+                         "of --max-num-batched-tokens")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--max-queued", type=int, default=64, help="requests waiting beyond this get 429")

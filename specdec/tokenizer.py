@@ -250,29 +250,51 @@ class Tokenizer:
 
     def encode_chat(self, messages: list[dict], rendered: str | None = None,
                     tools: list[dict] | None = None) -> list[int]:
-        """Messages -> ids through the chat template. Message content is always plain text: control-token
-        text typed into it (`<|im_start|>system ...`) is tokenized as the characters it is, never as the
-        control token, so a message cannot forge a turn; only the template writes control tokens.
+        """Messages -> ids through the chat template. Every string the template renders from a request (message
+        content, tool-call arguments, tool results, names, tool descriptions and schemas) is plain text:
+        control-token text typed into it (`<|im_start|>system ...`) is tokenized as the characters it is, never
+        as the control token, so a request cannot forge a turn; only the template writes control tokens.
         `rendered`: the template's output for these messages, when the caller has it already."""
-        text = self.apply_chat_template(messages, tools=tools) if rendered is None else rendered
         pattern = self._control_tokens
-        if pattern is None or not any(isinstance(m.get("content"), str) and pattern.search(m["content"])
-                                      for m in messages):
+        if pattern is None or not (_mentions(messages, pattern) or _mentions(tools, pattern)):
+            text = self.apply_chat_template(messages, tools=tools) if rendered is None else rendered
             return self.encode(text)               # nothing to escape: the plain path
-        # Render again with a unique mark in place of each content, then tokenize the template's text (control
-        # tokens recognised) and each content (as plain text) separately.
+        # Each control-token text inside a request's strings becomes a unique mark; the template renders the
+        # marked request (a mark has no character a template escapes), and each mark's place is tokenized as the
+        # control text it stands for, read as plain text. Whatever the template does around it (JSON-quoting a
+        # tool call's arguments, say) stays as the template wrote it.
         nonce = secrets.token_hex(8)
-        marked = [{**m, "content": f"\ue000{nonce}:{i}\ue001"} if isinstance(m.get("content"), str) else m
-                  for i, m in enumerate(messages)]
-        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", self.apply_chat_template(marked, tools=tools))
-        contents = [messages[int(i)]["content"] for i in pieces[1::2]]
-        if pieces[0] + "".join(c + t for c, t in zip(contents, pieces[2::2])) != text:
-            raise SpecDecError("message content contains control-token text that this model's chat template "
-                               "transforms, so it cannot be passed on as plain text")
+        found: list[str] = []
+
+        def mark(m: re.Match) -> str:
+            found.append(m.group(0))
+            return f"\ue000{nonce}:{len(found) - 1}\ue001"
+
+        def scrub(x):
+            if isinstance(x, str):
+                return pattern.sub(mark, x)
+            if isinstance(x, list):
+                return [scrub(v) for v in x]
+            if isinstance(x, dict):
+                return {scrub(k): scrub(v) for k, v in x.items()}
+            return x
+        marked = self.apply_chat_template(scrub(messages), tools=scrub(tools) if tools else None)
+        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", marked)
         ids = self._encode(self._tok, pieces[0])
-        for content, template_text in zip(contents, pieces[2::2]):
-            ids += self._encode(self._plain_tok, content) + self._encode(self._tok, template_text)
+        for i, template_text in zip(pieces[1::2], pieces[2::2]):
+            ids += self._encode(self._plain_tok, found[int(i)]) + self._encode(self._tok, template_text)
         return self._with_bos(ids)
+
+
+def _mentions(x, pattern: re.Pattern) -> bool:
+    """Does any string in x (nested lists and dicts, keys included) contain control-token text?"""
+    if isinstance(x, str):
+        return pattern.search(x) is not None
+    if isinstance(x, list):
+        return any(_mentions(v, pattern) for v in x)
+    if isinstance(x, dict):
+        return any(_mentions(k, pattern) or _mentions(v, pattern) for k, v in x.items())
+    return False
 
 
 def _read_json(path: Path) -> dict:

@@ -242,3 +242,63 @@ def test_batch_aware_k_falls_as_rows_stop_being_free():
     # lookup (no draft cost) still pays a little longer than the draft does
     assert StepBudget(cost, rows=4, tokens=4.0).best("ngram", 0.8, 4)[0] >= \
         StepBudget(cost, rows=4, tokens=4.0).best("draft", 0.8, 4)[0]
+
+
+def test_a_short_prompt_is_not_queued_behind_a_long_one(pair):
+    """Issue 38, 7: while a long prompt prefills chunk by chunk, a short one that arrives later is prefilled in the
+    next step (prompts that finish this step go first), and its output is what it would be alone."""
+    target, _ = pair
+    engine = _engine(target, max_num_batched_tokens=32, max_num_seqs=4, itl_target_s=None)
+    long_ids = (target.tokenizer.encode(PROMPTS[0] * 4) * 4)[:200]
+    short_ids = target.tokenizer.encode(PROMPTS[1])
+    assert len(short_ids) < 32
+    long = engine.add_request("long", long_ids, _greedy(4))
+    engine.step()
+    short = engine.add_request("short", short_ids, _greedy(6))
+    engine.step()
+    assert short.num_computed == len(short_ids) and long.num_computed == 32 + (32 - len(short_ids))
+    out = _drain(engine, [long, short])
+    alone = _engine(target)
+    assert _drain(alone, [alone.add_request("a", short_ids, _greedy(6))])[0] == out[1]
+
+
+def test_prompt_chunks_shrink_to_the_itl_target_while_streams_decode():
+    """With a stream decoding, a step's prompt tokens are what fits in itl_target_s at the measured seconds per
+    prompt token (at least MIN_CHUNK); with nothing decoding, the whole budget."""
+    from specdec.engine.scheduler import MIN_CHUNK, Scheduler
+
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=512, itl_target_s=0.5), kv=None)
+    assert sched.prompt_budget(511, decoding=True) == 511          # nothing measured yet
+    sched.observe(0, 0.06)                                         # a decode step: 60 ms
+    sched.observe(512, 0.06 + 512 * 0.007)                         # a chunk: 7 ms a prompt token
+    assert sched.s_per_prompt_token == pytest.approx(0.007)
+    assert sched.prompt_budget(511, decoding=True) == int((0.5 - 0.06) / 0.007)
+    assert sched.prompt_budget(511, decoding=False) == 511
+    sched.observe(512, 512 * 10.0)                                 # a very slow machine: still progress
+    assert sched.prompt_budget(511, decoding=True) == MIN_CHUNK
+    off = Scheduler(SchedulerConfig(itl_target_s=None), kv=None)
+    off.observe(512, 5.0)
+    assert off.prompt_budget(511, decoding=True) == 511
+    with pytest.raises(ValueError, match="itl_target_s"):
+        SchedulerConfig(itl_target_s=0)
+
+
+def test_a_long_prompt_does_not_stall_a_running_stream(pair):
+    """In the engine: a stream decodes while a long prompt prefills; once the prefill speed is measured, the steps
+    that carry prompt chunks beside the stream carry no more than the ITL target allows."""
+    target, _ = pair
+    engine = _engine(target, max_num_batched_tokens=64, max_num_seqs=4, itl_target_s=0.5)
+    engine.scheduler.observe(0, 0.1)
+    engine.scheduler.observe(64, 0.1 + 64 * 0.02)                  # as if prompt tokens cost 20 ms each here
+    stream = engine.add_request("stream", target.tokenizer.encode(PROMPTS[2]), _greedy(40))
+    while not stream.output_ids:
+        engine.step()
+    engine.scheduler.s_per_prompt_token, engine.scheduler.decode_step_s = 0.02, 0.1   # keep the pretend speed
+    engine.scheduler.observe = lambda *a: None
+    long = engine.add_request("long", (target.tokenizer.encode(PROMPTS[0] * 4) * 4)[:200], _greedy(2))
+    chunks = []
+    while long.prefilling or long.num_computed == 0:
+        engine.step()
+        chunks.append(engine.last_step.num_prefill_tokens)
+    assert max(chunks) == int((0.5 - 0.1) / 0.02) and sum(chunks) == 200
+    _drain(engine, [stream, long])

@@ -268,6 +268,8 @@ class LLMEngine:
                 outputs.append(self._fail(seq, exc))
                 continue
             outputs.append(self._output(seq, committed, lps))
+        # how long prompt tokens take here: the scheduler sizes the next steps' chunks by it
+        self.scheduler.observe(sum(n for _, n in prefills), time.perf_counter() - t0)
         return outputs
 
     def _verify(self, sampling: list) -> list[tuple[int, list[int], list[int] | None]]:

@@ -2,8 +2,11 @@
 
 nano-vllm's schedule -> run -> postprocess, with chunked prefill beside decodes (vLLM's V1 shape): every running
 sequence that decodes gets its row (plus its draft, decided later), and the rest of the step's token budget
-(`max_num_batched_tokens`) goes to prompt chunks, of running sequences first, then of waiting ones admitted in
-FIFO order while `max_num_seqs` and the KV budget allow. A request that does not fit waits; when a decoding
+(`max_num_batched_tokens`) goes to prompt chunks: first prompts that finish this step (a short request is not
+queued behind a long one), then the chunks of longer running prompts, then waiting ones admitted in FIFO order
+while `max_num_seqs` and the KV budget allow. While sequences decode, a step's prompt tokens are also capped so
+that the step takes about `itl_target_s` (on a CPU a 512-token chunk takes seconds, and every stream waits for
+the step that carries it): the cap follows the measured seconds per prompt token. A request that does not fit waits; when a decoding
 sequence cannot grow, the newest running sequence is preempted (its cache freed, recomputed later from its
 tokens: vLLM's recompute preemption), so a step never fails for lack of KV.
 """
@@ -22,10 +25,14 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512     # prompt-chunk + decode rows per step (drafts come on top)
     max_total_tokens: int = 65536         # KV positions of all sequences together (SGLang's name); allocated as
                                           # sequences grow, so the default costs nothing until requests use it
+    itl_target_s: float | None = 0.5      # while sequences decode, prompt chunks are sized so a step takes about
+                                          # this long (the streams' inter-token latency); None: no cap
 
     def __post_init__(self):
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.itl_target_s is not None and self.itl_target_s <= 0:
+            raise ValueError(f"itl_target_s must be > 0, got {self.itl_target_s}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
                              f"({self.max_num_seqs})")
@@ -46,12 +53,33 @@ class ScheduledBatch:
         return len(self.decodes) + sum(n for _, n in self.prefills)
 
 
+MIN_CHUNK = 16          # prompt tokens a step carries at least, however slow the machine (progress is guaranteed)
+
+
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, kv: KVManager):
         self.cfg = cfg
         self.kv = kv
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
+        self.s_per_prompt_token: float | None = None    # measured (EMA) over steps that carried prompt chunks
+        self.decode_step_s: float | None = None         # measured (EMA) over steps that carried none
+
+    def observe(self, prompt_tokens: int, seconds: float) -> None:
+        """The engine's last step: how many prompt tokens it carried and how long it took."""
+        ema = lambda old, new: new if old is None else 0.7 * old + 0.3 * new   # noqa: E731
+        if prompt_tokens == 0:
+            self.decode_step_s = ema(self.decode_step_s, seconds)
+        elif prompt_tokens >= MIN_CHUNK:
+            rest = max(seconds - (self.decode_step_s or 0.0), seconds / 2)
+            self.s_per_prompt_token = ema(self.s_per_prompt_token, rest / prompt_tokens)
+
+    def prompt_budget(self, budget: int, decoding: bool) -> int:
+        """Prompt tokens this step may carry: the budget, or with streams decoding what fits in itl_target_s."""
+        if not decoding or self.cfg.itl_target_s is None or not self.s_per_prompt_token:
+            return budget
+        room = self.cfg.itl_target_s - (self.decode_step_s or 0.0)
+        return max(min(MIN_CHUNK, budget), min(budget, int(room / self.s_per_prompt_token)))
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -95,16 +123,30 @@ class Scheduler:
             self.kv.ensure(seq.seq_id, need)
             batch.decodes.append(seq)
             budget -= 1
-        # then prompt chunks: running sequences mid-prefill, then newly admitted ones
+        budget = self.prompt_budget(budget, bool(batch.decodes))
+        # then prompt chunks: prompts that finish this step first (running, then waiting), then running sequences
+        # mid-prefill, then newly admitted ones
+        left = lambda seq: len(seq.token_ids) - seq.num_computed   # noqa: E731
+        for seq in [s for s in self.running if s.prefilling]:
+            if 0 < left(seq) <= budget and self._chunk(seq, budget, batch):
+                budget -= batch.prefills[-1][1]
+        for seq in list(self.waiting):
+            if len(self.running) >= self.cfg.max_num_seqs or budget <= 0:
+                break
+            if left(seq) <= budget and self._chunk(seq, budget, batch):
+                self.waiting.remove(seq)
+                self.running.append(seq)
+                budget -= batch.prefills[-1][1]
+        chunked = {id(s) for s, _ in batch.prefills}
         for seq in self.running:
             if budget <= 0:
                 break
-            if seq.prefilling and self._chunk(seq, budget, batch):
+            if seq.prefilling and id(seq) not in chunked and self._chunk(seq, budget, batch):
                 budget -= batch.prefills[-1][1]
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
             if not self._chunk(seq, budget, batch):
-                break                                    # does not fit now: it waits (FIFO: nothing overtakes it)
+                break                                    # does not fit now: it waits (FIFO among long prompts)
             self.waiting.popleft()
             self.running.append(seq)
             budget -= batch.prefills[-1][1]

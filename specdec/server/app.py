@@ -21,7 +21,7 @@ from ..models.heads import HEAD_METHODS
 from ..policy.pools import rollout_arm
 from ..sampling.grammar import check_grammar
 from .async_engine import AsyncEngine, QueueFull, RequestAborted, RequestHandle
-from .middleware import BearerAuth, RequestGuard
+from .middleware import BearerAuth, HeaderGuard, RequestGuard
 from .tools import ToolStream, parse_tool_calls, template_messages
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, completion_logprobs, error_body,
                        logprobs_content, new_id, now, seed_scope, shown, speculative_stats, usage)
@@ -87,7 +87,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     app.add_middleware(RequestGuard, max_bytes=lambda: state.max_request_bytes)
     if state.api_key:
-        app.add_middleware(BearerAuth, api_key=state.api_key)      # outermost: 401 before reading any body
+        app.add_middleware(BearerAuth, api_key=state.api_key)      # 401 before reading any body
+    app.add_middleware(HeaderGuard)                                # outermost: 431 before anything reads them
 
     @app.get("/health")
     async def health():
@@ -316,9 +317,11 @@ async def _admit_and_submit(state: ServerState, req, encode, raw: Request, route
                 param = "structured_outputs" if req.structured_outputs is not None else "response_format"
                 raise APIError(400, str(exc), param=param) from None
         spec = _spec_for(state, req)
-        request_id = raw.headers.get("x-request-id") or new_id("req")
+        # the engine's key is always ours: a client's X-Request-Id (echoed in the response, as vLLM does) may repeat
+        request_id = new_id("req")
         arm = "spec"
-        if state.traffic_fraction < 1.0 and rollout_arm(request_id, state.traffic_fraction) == "plain":
+        client_id = raw.headers.get("x-request-id") or request_id
+        if state.traffic_fraction < 1.0 and rollout_arm(client_id, state.traffic_fraction) == "plain":
             spec, arm = replace(spec, method="none", num_speculative_tokens=None), "plain"
         if state.closed:                           # drained while this request was tokenizing
             raise _shutting_down()
@@ -346,6 +349,8 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
     created, model = now(), state.served_model_name
     obj = "chat.completion" if chat else "text_completion"
     where = {"x-specdec-replica": handle.replica} if handle.replica else {}     # which engine replica decoded it
+    if raw.headers.get("x-request-id"):
+        where["x-request-id"] = raw.headers["x-request-id"][:256]
     want_lp = req.logprobs_count() is not None
     tok = state.engine.tokenizer
     mode = req.tool_mode if chat else None

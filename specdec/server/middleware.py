@@ -1,6 +1,7 @@
 """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from the routes): API key, body guard."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Callable
 
@@ -30,6 +31,29 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
+MAX_HEADER_LINE = 16 << 10        # h11's default for a whole head; nginx allows 8 KiB a line
+MAX_HEADER_BYTES = 64 << 10
+
+
+class HeaderGuard:
+    """A header line over MAX_HEADER_LINE bytes, or headers over MAX_HEADER_BYTES in all -> 431 (RFC 6585), before
+    anything else reads them."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            sizes = [len(k) + len(v) + 4 for k, v in scope.get("headers") or []]
+            if sizes and (max(sizes) > MAX_HEADER_LINE or sum(sizes) > MAX_HEADER_BYTES):
+                resp = JSONResponse(error_body(f"request headers too large: at most {MAX_HEADER_LINE} bytes a line "
+                                               f"and {MAX_HEADER_BYTES} in all", code="headers_too_large"),
+                                    status_code=431, headers={"Connection": "close"})
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class RequestGuard:
     """Request bodies: over `max_bytes` -> 413 (at once when Content-Length says so,
     else as soon as the count passes it, so an oversized body is never buffered whole); a POST to /v1/* whose
@@ -47,6 +71,8 @@ class RequestGuard:
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > max_bytes:
+            if int(length) <= DRAIN_BYTES:
+                await _discard_body(receive, 0)
             await _too_large(scope, receive, send, int(length), max_bytes)
             return
         ctype = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
@@ -66,6 +92,8 @@ class RequestGuard:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > max_bytes:
+                if message.get("more_body", False):
+                    await _discard_body(receive, size)
                 await _too_large(scope, receive, send, None, max_bytes)
                 return
             if not message.get("more_body", False):
@@ -80,6 +108,30 @@ class RequestGuard:
             return await receive()                          # later: http.disconnect, as the routes expect
 
         await self.app(scope, replay, send)
+
+
+# A refused body is read and thrown away (up to these bounds) before the 413 goes out: a client that is still
+# sending when the connection closes sees "connection reset", not the 413, and the openai SDK retries those.
+DRAIN_BYTES = 64 << 20
+DRAIN_S = 10.0
+
+
+async def _discard_body(receive, size: int) -> None:
+    """Read the rest of a request body without keeping it, until it ends or DRAIN_BYTES / DRAIN_S run out."""
+    deadline = asyncio.get_running_loop().time() + DRAIN_S
+    while size <= DRAIN_BYTES:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            return
+        try:
+            message = await asyncio.wait_for(receive(), left)
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request":
+            return
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 async def _too_large(scope, receive, send, length: int | None, max_bytes: int) -> None:

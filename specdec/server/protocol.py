@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from ..config import K_MAX, K_MIN
@@ -78,7 +78,7 @@ class _Sampling(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=2 ** 31 - 1)      # -1 or 0: off; past the vocabulary: off
     min_p: float | None = Field(default=None, ge=0, le=1)
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: Text | list[Text] | None = None
@@ -253,7 +253,7 @@ _NON_TEXT_PARTS = {"image_url": "image", "input_image": "image", "image": "image
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Text | list[ContentPart] | None = None
+    content: Text | list[ContentPart] | None = Field(default=None, validate_default=True)
     tool_calls: list[ToolCallIn] | None = None       # an assistant turn's calls
     tool_call_id: str | None = None                  # a tool result: the call it answers
     name: str | None = None
@@ -272,6 +272,14 @@ class ChatMessage(BaseModel):
                                                   "(this server's model reads text only)")
                     raise PydanticCustomError("unsupported_content", "content part type '{kind}' is not supported "
                                               "(only 'text')", {"kind": shown(kind, 40)})
+        return value
+
+    @field_validator("content")
+    @classmethod
+    def _content_required(cls, value, info: ValidationInfo):
+        # OpenAI's rule: only an assistant turn (whose tool_calls may stand alone) may leave content out
+        if value is None and info.data.get("role") not in (None, "assistant"):
+            raise PydanticCustomError("missing", "a {role} message needs content", {"role": info.data["role"]})
         return value
 
     def text(self) -> str:

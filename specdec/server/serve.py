@@ -1,7 +1,6 @@
 """`specdec serve`: load the models, start uvicorn, print ready-to-paste examples, drain on SIGTERM."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import signal
@@ -95,7 +94,9 @@ def parse_heads(text: str | None) -> dict[str, str | None]:
 
 def scheduler_config(args) -> SchedulerConfig:
     try:
+        itl = getattr(args, "itl_target_ms", 500.0)
         return SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                               itl_target_s=itl / 1000 if itl else None,
                                **({"max_total_tokens": args.max_total_tokens} if args.max_total_tokens else {}))
     except ValueError as exc:
         raise SpecDecError(str(exc)) from None
@@ -174,11 +175,12 @@ def run_server(args) -> int:
                       flush=True)
 
         async def shutdown(self, sockets=None):
-            # The drain clock starts at the signal, beside uvicorn's wait for open connections: at the deadline
-            # the requests left are cut with an error, which ends their responses, so the connections close.
-            drained = asyncio.ensure_future(drain(state))
+            # The drain runs first, with the socket still listening: new clients and load-balancer probes get 503
+            # (/health: "draining") instead of a refused connection, while the requests in flight finish (at the
+            # deadline the rest are cut with an error, which ends their responses); then uvicorn closes the
+            # socket and waits for the open connections.
+            await drain(state)
             await super().shutdown(sockets)
-            await drained
 
     # uvicorn's own deadline is only a backstop behind the drain (its expiry cancels handlers mid-body)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
