@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
                          '\'{"speculative": {"method": "none"}}\'')
     bs.add_argument("--model", default=None, help="model id (default: the first of each endpoint's /v1/models)")
     bs.add_argument("--dataset", default="builtin",
-                    help="builtin | long[:N] (retrieval over 1.5-3k-token documents, whole-module edits) | structured "
+                    help="builtin | long[:N] (retrieval over ~2k-token documents, whole-module edits) | structured "
                          "(20 JSON-schema requests) | humaneval[:N] | sharegpt[:N] | a JSONL file; several joined "
                          "with commas")
     bs.add_argument("--concurrency", default="1", help="comma-separated concurrency levels")

@@ -26,8 +26,9 @@ from .proposers.ngram import find_ngram_continuation
 from .sampling_params import SamplingParams
 
 COST_MODEL_REVISION = 10     # part of the cost-model cache key: 10 = V(n) and c also at a long context, 9 = heads
-                             # timed after a target forward, as the engine runs them (8: int4 tiles of up to 9 rows, 7: learned heads' costs, 6: kernel weights in
-                             # 2 MB pages, 5: bf16 on specdec._C)
+                             # timed after a target forward, as the engine runs them (8: int4 tiles of up to 9
+                             # rows, 7: learned heads' costs, 6: kernel weights in 2 MB pages, 5: bf16 on
+                             # specdec._C)
 
 Prompt = str | list[dict]   # raw text or chat messages
 

@@ -18,7 +18,7 @@ HUMANEVAL_N = 164               # all of HumanEval unless humaneval:N
 
 
 def load_prompts(source: str, seed: int = 0) -> list[dict]:
-    """`builtin`, `long[:N]` (retrieval over 1.5-3k-token documents, whole-module code edits), `structured` (20
+    """`builtin`, `long[:N]` (retrieval over ~2k-token documents, whole-module code edits), `structured` (20
     JSON-schema requests), `humaneval[:N]`, `sharegpt[:N]` or a path to a JSONL file
     (lines may carry a `response_format`); several joined with commas (`builtin,sharegpt:32`)
     are concatenated in that order."""

@@ -1,4 +1,4 @@
-"""Long-context requests from text every Python installs: retrieval questions over 1.5-3k-token documents (the
+"""Long-context requests from text every Python installs: retrieval questions over ~2k-token documents (the
 standard library's own documentation, as `pydoc` renders it) and edits of 100+-line modules (the standard
 library's source). The short built-in prompts never show what a long context costs a speculative step: the
 draft's prompt catch-up, attention over the context per verified row.
@@ -9,8 +9,8 @@ import importlib
 import inspect
 import pydoc
 
-DOC_CHARS = 9000            # ~2.2-2.6k tokens of pydoc text with the Qwen2.5 tokenizer
-SOURCE_CHARS = 11000        # a module's source is cut at a line boundary past this (~3k tokens)
+DOC_CHARS = 9000            # 1.9-2.3k tokens of pydoc text with the Qwen2.5 tokenizer
+SOURCE_CHARS = 11000        # a module's source is cut at a line boundary past this (at most ~2.4k tokens)
 
 # (module, question): each answer is in the first DOC_CHARS characters of the module's pydoc text (the anchor
 # string must be there; `long_prompts` checks it)

@@ -16,7 +16,8 @@ import sys
 from .summary import median
 
 
-def paired_ratios(offline: dict, served: dict, method: str, k: int | None, label: str | None) -> list[tuple[str, float]]:
+def paired_ratios(offline: dict, served: dict, method: str, k: int | None,
+                  label: str | None) -> list[tuple[str, float]]:
     """(category, served / offline decode tok/s) per prompt both runs completed."""
     runs = [r for r in offline["runs"] if r["method"] == method and (k is None or r["k"] == k)
             and r.get("decode_tok_s") and r.get("temperature", 0) == 0]

@@ -5,11 +5,11 @@ with at most `concurrency` in flight. Interleaved (the default), the prompts go 
 round is sent to each endpoint in turn (the order rotating from round to round) before the next round starts, so
 that a drifting machine (another tenant, thermal state) cannot favour one server; `--no-interleave` runs each
 endpoint through the whole set in turn. Per request: TTFT (first content chunk), TPOT = (E2E - TTFT)/(tokens - 1),
-ITL (gaps between chunks; with speculation one chunk can carry several tokens, so mean accepted length is
-reported beside it), E2E, decode tok/s = (tokens - 1) / (E2E - TTFT), output tokens (from `usage`), and the server's speculative stats when it reports
-them (specdec's `speculative` extension). Percentiles P50/P90/P95/P99, request and output-token throughput,
-errors; per category, the median decode tok/s and its ratio to the first endpoint's; with two or more endpoints at
-temperature 0, the share of completions identical to the first's.
+ITL (gaps between chunks; with speculation one chunk can carry several tokens, so mean accepted length is reported
+beside it), E2E, decode tok/s = (tokens - 1) / (E2E - TTFT), output tokens (from `usage`), and the server's
+speculative stats when it reports them (specdec's `speculative` extension). Percentiles P50/P90/P95/P99, request and
+output-token throughput, errors; per category, the median decode tok/s and its ratio to the first endpoint's; with two
+or more endpoints at temperature 0, the share of completions identical to the first's.
 """
 from __future__ import annotations
 
@@ -335,8 +335,8 @@ def category_table(summary: list[dict]) -> list[str]:
     cats = list(dict.fromkeys(c for r in summary for c in r.get("decode_tok_s_by_category", {})))
     if not cats:
         return []
-    lines = ["", "Decode tok/s per request (median; (tokens - 1) / (E2E - TTFT)) by category, and its ratio to the first "
-                 "endpoint's at the same concurrency.", "",
+    lines = ["", "Decode tok/s per request (median; (tokens - 1) / (E2E - TTFT)) by category, and its ratio to the "
+                 "first endpoint's at the same concurrency.", "",
              "| endpoint | conc | " + " | ".join(cats) + " | all | out tok/s ratio |",
              "|---|---|" + "---|" * (len(cats) + 2)]
     for r in summary:
@@ -344,8 +344,9 @@ def category_table(summary: list[dict]) -> list[str]:
 
         def cell(v, q):
             return "-" if v is None else f"{v:.2f}" + (f" ({q:.2f}x)" if q is not None else "")
-        lines.append(f"| {r['endpoint']} | {r['concurrency']} | " + " | ".join(cell(by.get(c), ratios.get(c)) for c in cats)
-                     + f" | {cell(r['decode_tok_s_p50'], r.get('decode_ratio'))} | {_num(r.get('throughput_ratio'))} |")
+        cells = " | ".join(cell(by.get(c), ratios.get(c)) for c in cats)
+        lines.append(f"| {r['endpoint']} | {r['concurrency']} | {cells} | "
+                     f"{cell(r['decode_tok_s_p50'], r.get('decode_ratio'))} | {_num(r.get('throughput_ratio'))} |")
     return lines
 
 

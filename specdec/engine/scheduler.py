@@ -2,13 +2,13 @@
 
 nano-vllm's schedule -> run -> postprocess, with chunked prefill beside decodes (vLLM's V1 shape): every running
 sequence that decodes gets its row (plus its draft, decided later), and the rest of the step's token budget
-(`max_num_batched_tokens`) goes to prompt chunks: first prompts that finish this step (a short request is not
-queued behind a long one), then the chunks of longer running prompts, then waiting ones admitted in FIFO order
-while `max_num_seqs` and the KV budget allow. While sequences decode, a step's prompt tokens are also capped so
-that the step takes about `itl_target_s` (on a CPU a 512-token chunk takes seconds, and every stream waits for
-the step that carries it): the cap follows the measured seconds per prompt token. A request that does not fit waits; when a decoding
-sequence cannot grow, the newest running sequence is preempted (its cache freed, recomputed later from its
-tokens: vLLM's recompute preemption), so a step never fails for lack of KV.
+(`max_num_batched_tokens`) goes to prompt chunks: first prompts that finish this step (a short request is not queued
+behind a long one), then the chunks of longer running prompts, then waiting ones admitted in FIFO order while
+`max_num_seqs` and the KV budget allow. While sequences decode, a step's prompt tokens are also capped so that the
+step takes about `itl_target_s` (on a CPU a 512-token chunk takes seconds, and every stream waits for the step that
+carries it): the cap follows the measured seconds per prompt token. A request that does not fit waits; when a decoding
+sequence cannot grow, the newest running sequence is preempted (its cache freed, recomputed later from its tokens:
+vLLM's recompute preemption), so a step never fails for lack of KV.
 """
 from __future__ import annotations
 

@@ -36,11 +36,11 @@ def check_compatible(target_tok: Tokenizer, draft_tok: Tokenizer, target_vocab: 
 class DraftModelProposer(Proposer):
     """Drafts for every sequence of a step in shared batched forwards of the draft model.
 
-    Each sequence's draft cache (held by a KV manager, like the target's) is a prefix of its committed tokens.
-    The engine feeds it the prompt, chunk by chunk, in the steps that prefill the target (`prefill`). The first
-    forward of a step feeds every sequence the committed tokens its cache lacks (the newest token; after a fully
-    accepted draft, the last draft token and the bonus token; the prompt when it was not fed during prefill) and yields its first draft
-    token; each further forward feeds one row per sequence still drafting. A sequence more than `catchup_budget`
+    Each sequence's draft cache (held by a KV manager, like the target's) is a prefix of its committed tokens. The
+    engine feeds it the prompt, chunk by chunk, in the steps that prefill the target (`prefill`). The first forward of
+    a step feeds every sequence the committed tokens its cache lacks (the newest token; after a fully accepted draft,
+    the last draft token and the bonus token; the prompt when it was not fed during prefill) and yields its first
+    draft token; each further forward feeds one row per sequence still drafting. A sequence more than `catchup_budget`
     tokens behind (a long prompt) only catches up by a chunk this step and drafts nothing, so no step carries an
     unbounded draft prefill. After verification `observe` truncates the cache to the committed prefix (O(1)).
     """

@@ -6,7 +6,8 @@
 - The worker (the engine's compute thread, which also loaded the models: see compute.py) adds submitted requests
   to the engine at step boundaries (continuous batching: they join the running batch while others decode),
   aborts requests whose client left (their KV and draft state are freed before the next step), runs one step,
-  and hands each request its delta through an asyncio queue fed with `call_soon_threadsafe`. A request's error fails that request only.
+  and hands each request its delta through an asyncio queue fed with `call_soon_threadsafe`. A request's error
+  fails that request only.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from ..config import K_MAX, K_MIN
@@ -253,7 +253,7 @@ _NON_TEXT_PARTS = {"image_url": "image", "input_image": "image", "image": "image
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Text | list[ContentPart] | None = Field(default=None, validate_default=True)
+    content: Text | list[ContentPart] | None = None
     tool_calls: list[ToolCallIn] | None = None       # an assistant turn's calls
     tool_call_id: str | None = None                  # a tool result: the call it answers
     name: str | None = None
@@ -272,14 +272,6 @@ class ChatMessage(BaseModel):
                                                   "(this server's model reads text only)")
                     raise PydanticCustomError("unsupported_content", "content part type '{kind}' is not supported "
                                               "(only 'text')", {"kind": shown(kind, 40)})
-        return value
-
-    @field_validator("content")
-    @classmethod
-    def _content_required(cls, value, info: ValidationInfo):
-        # OpenAI's rule: only an assistant turn (whose tool_calls may stand alone) may leave content out
-        if value is None and info.data.get("role") not in (None, "assistant"):
-            raise PydanticCustomError("missing", "a {role} message needs content", {"role": info.data["role"]})
         return value
 
     def text(self) -> str:
