@@ -217,6 +217,10 @@ def summarize_level(recs: list[dict], duration_s: float) -> dict:
     return row
 
 
+def ratio(mine: float | None, theirs: float | None) -> float | None:
+    return mine / theirs if mine and theirs else None
+
+
 def add_ratios(summary: list[dict]) -> None:
     """Each row's median decode tok/s over the first endpoint's at the same concurrency, overall and per category
     (a ratio of medians, both taken over the same prompts)."""
@@ -225,9 +229,6 @@ def add_ratios(summary: list[dict]) -> None:
         first.setdefault(row["concurrency"], row)
     for row in summary:
         ref = first[row["concurrency"]]
-
-        def ratio(mine, theirs):
-            return mine / theirs if mine and theirs else None
         row["decode_ratio"] = ratio(row["decode_tok_s_p50"], ref["decode_tok_s_p50"])
         row["decode_ratio_by_category"] = {c: ratio(v, ref["decode_tok_s_by_category"].get(c))
                                            for c, v in row["decode_tok_s_by_category"].items()}

@@ -123,7 +123,7 @@ class CostModel:
         verify = [mix(a, b) for a, b in zip(self.verify[:n], self.verify_long[:n])]
         # past the long measurement's rows, the short context's growth per row on top of its last point
         verify += [verify[-1] + x - self.verify[n - 1] for x in self.verify[n:]]
-        scale = verify[-1] / self.verify[len(verify) - 1] if self.verify[len(verify) - 1] else 1.0
+        scale = verify[-1] / self.verify[-1]          # the rows measured past verify grow as its last one did
         large = [[m, x * scale] for m, x in self.verify_large]
         finite = math.isfinite(self.draft_step) and math.isfinite(self.draft_step_long)
         draft = mix(self.draft_step, self.draft_step_long) if self.draft_step_long and finite else self.draft_step

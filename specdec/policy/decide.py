@@ -55,7 +55,8 @@ class Decision:
     alpha: float | None = None        # the acceptance estimate the choice used
     arm: str = "spec"                 # rollout arm: spec | plain
     probe: bool = False               # a disabled pool's probe request
-    gated: bool = False               # plain because of the request itself (short output, high load)
+    gated: bool = False               # plain because of the request itself (short output, high load, a prompt
+                                      # too long for the only method's draft model to pay for reading)
 
 
 def temperature_bucket(temperature: float) -> str:
@@ -122,7 +123,8 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
             src = "observed" if observed else "prior"
             cands[method] = Decision(method, k, s, f"{method} k={k}: {src} α={alpha:.2f} -> expected {s:.2f}x", alpha)
     if not cands:
-        return Decision("none", 0, 1.0, "; ".join(skipped) or "no method is expected to beat plain decoding")
+        return Decision("none", 0, 1.0, "; ".join(skipped) or "no method is expected to beat plain decoding",
+                        gated=len(skipped) == len(available))
     best = max(cands.values(), key=lambda d: d.expected_speedup)
     if best.expected_speedup < cfg.min_speedup:
         return Decision("none", 0, 1.0, f"best {best.method} k={best.k} expected {best.expected_speedup:.2f}x "

@@ -175,7 +175,7 @@ class SpeculationPolicy:
             if unexplored and d.method not in unexplored:
                 m = unexplored[0]
                 e = choose(features, {m: None}, self.cost, self.cfg, (m,))
-                if e.method == "none" and features.context and m == "draft" and "prompt read" in e.reason:
+                if e.gated:
                     return d                 # the draft cannot pay for reading this prompt: nothing to learn here
                 k = e.k or 1
                 return Decision(m, k, e.expected_speedup, f"exploring {m} k={k} in pool '{pool_name}' "

@@ -24,7 +24,6 @@ class ComputeThread:
     so only start-up work (loading, measuring) is submitted before it."""
 
     def __init__(self, name: str = "specdec-engine"):
-        self.name = name
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
