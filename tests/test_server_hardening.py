@@ -286,7 +286,11 @@ BAD = [
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
     (COMPLETIONS, {"prompt": 5}, "prompt"),
     (CHAT, [1, 2], None),
-    # issue 38, 9: top_k is bounded
+    # issue 38, 9: OpenAI refuses a user, system or tool turn without content; top_k is bounded
+    (CHAT, {"messages": [{"role": "user"}]}, "messages.0.content"),
+    (CHAT, {"messages": [{"role": "system", "content": None}, *MSG]}, "messages.0.content"),
+    (CHAT, {"messages": [{"role": "tool", "tool_call_id": "c1"}]}, "messages.0.content"),
+    (CHAT, {"messages": [{"content": "hi"}]}, "messages.0.role"),
     (CHAT, {"messages": MSG, "top_k": 2 ** 64}, "top_k"),
 ]
 

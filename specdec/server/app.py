@@ -23,7 +23,7 @@ from ..sampling.grammar import check_grammar
 from .async_engine import AsyncEngine, QueueFull, RequestAborted, RequestHandle
 from .middleware import BearerAuth, HeaderGuard, RequestGuard
 from .tools import ToolStream, parse_tool_calls, template_messages
-from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, completion_logprobs, error_body,
+from .protocol import (ROLES, APIError, ChatCompletionRequest, CompletionRequest, completion_logprobs, error_body,
                        logprobs_content, new_id, now, seed_scope, shown, speculative_stats, usage)
 
 log = logging.getLogger("specdec.server")
@@ -182,11 +182,18 @@ def _validation_body(errs: list[dict]) -> dict:
     if kind == "json_invalid":
         err = (first.get("ctx") or {}).get("error")
         return error_body(f"the request body is not valid JSON{f' ({err})' if err else ''}")
-    loc = [str(x) for x in first.get("loc", ()) if x != "body" and not (isinstance(x, str) and _TYPE_TAG.search(x))]
+    raw = first.get("loc", ())
+    # a message's role selects its schema (protocol.ChatMessage): pydantic puts the role in the location
+    loc = [str(x) for i, x in enumerate(raw) if x != "body" and not (isinstance(x, str) and _TYPE_TAG.search(x))
+           and not (x in ROLES and i >= 2 and raw[i - 2] == "messages")]
     if not loc and kind in ("model_attributes_type", "dict_type", "missing"):
         return error_body("the request body must be a JSON object")
+    msg = first.get("msg", "invalid value")
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        loc.append("role")
+        msg = f"role must be one of {', '.join(ROLES)}"
     param = ".".join(loc) or None
-    return error_body(f"{param + ': ' if param else ''}{first.get('msg', 'invalid value')}", param=param)
+    return error_body(f"{param + ': ' if param else ''}{msg}", param=param)
 
 
 def _check_model(state: ServerState, model: str | None) -> None:

@@ -250,9 +250,8 @@ _NON_TEXT_PARTS = {"image_url": "image", "input_image": "image", "image": "image
                    "audio": "audio", "file": "file", "input_file": "file", "video_url": "video"}
 
 
-class ChatMessage(BaseModel):
+class _Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Text | list[ContentPart] | None = None
     tool_calls: list[ToolCallIn] | None = None       # an assistant turn's calls
     tool_call_id: str | None = None                  # a tool result: the call it answers
@@ -280,6 +279,22 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
+
+
+class AssistantMessage(_Message):
+    """An assistant turn: its content may be left out (or null) when it carries tool_calls (OpenAI's rule)."""
+    role: Literal["assistant"]
+
+
+class TextMessage(_Message):
+    """A system, developer, user or tool turn: content is required (OpenAI answers 400 without it)."""
+    role: Literal["system", "user", "developer", "tool"]
+    content: Text | list[ContentPart]
+
+
+# one schema per role, so that /openapi.json (and what is generated from it) says which roles need content
+ChatMessage = Annotated[AssistantMessage | TextMessage, Field(discriminator="role")]
+ROLES = ("system", "user", "assistant", "developer", "tool")
 
 
 class ChatCompletionRequest(_Sampling):
