@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .engine.scheduler import ITL_TARGET_S
 from .errors import SpecDecError
 from .utils import write_json_atomic
 
@@ -97,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prompt-chunk + decode rows per engine step (long prompts are prefilled in chunks)")
     sv.add_argument("--max-total-tokens", type=int, default=None,
                     help="KV positions of all sequences together (default 65536; allocated as sequences grow)")
-    sv.add_argument("--itl-target-ms", type=float, default=500.0,
+    sv.add_argument("--itl-target-ms", type=float, default=ITL_TARGET_S * 1000,
                     help="while requests decode, a step's prompt chunk is sized (from the measured prefill speed) so "
                          "the step takes about this long: a long prompt cannot stall the running streams; 0: chunks "
                          "of --max-num-batched-tokens")

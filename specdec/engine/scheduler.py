@@ -19,14 +19,21 @@ from .kv_manager import KVManager
 from .sequence import Sequence
 
 
+# The default step-time target while streams decode. Each step also pays costs that do not shrink with its prompt
+# chunk (the streams' drafts and rows, a forward's fixed part), so a shorter target slows the long prompt itself: on
+# a 2-core CPU 0.8 s keeps a running stream's gaps under 1 s and the long prompt within 25% of its time alone
+# (docs/benchmarks/stall).
+ITL_TARGET_S = 0.8
+
+
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int = 8                 # sequences in one forward at most (vLLM's name)
     max_num_batched_tokens: int = 512     # prompt-chunk + decode rows per step (drafts come on top)
     max_total_tokens: int = 65536         # KV positions of all sequences together (SGLang's name); allocated as
                                           # sequences grow, so the default costs nothing until requests use it
-    itl_target_s: float | None = 0.5      # while sequences decode, prompt chunks are sized so a step takes about
-                                          # this long (the streams' inter-token latency); None: no cap
+    itl_target_s: float | None = ITL_TARGET_S   # while sequences decode, prompt chunks are sized so a step takes
+                                          # about this long (the streams' inter-token latency); None: no cap
 
     def __post_init__(self):
         if self.max_num_seqs < 1:

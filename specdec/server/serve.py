@@ -8,6 +8,7 @@ import sys
 
 from ..config import SpeculativeConfig
 from ..engine import SchedulerConfig
+from ..engine.scheduler import ITL_TARGET_S
 from ..errors import SpecDecError
 from ..utils import parse_json_object
 
@@ -94,7 +95,7 @@ def parse_heads(text: str | None) -> dict[str, str | None]:
 
 def scheduler_config(args) -> SchedulerConfig:
     try:
-        itl = getattr(args, "itl_target_ms", 500.0)
+        itl = getattr(args, "itl_target_ms", ITL_TARGET_S * 1000)
         return SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                itl_target_s=itl / 1000 if itl else None,
                                **({"max_total_tokens": args.max_total_tokens} if args.max_total_tokens else {}))
