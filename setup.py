@@ -1,9 +1,11 @@
-"""Builds specdec._C, the CPU kernels for block-quantized (int4) linears, with torch's cpp_extension.
+"""Builds specdec._C, specdec's CPU kernels, with torch's cpp_extension: the block-quantized linears (int4 weights,
+int8/int4 heads; csrc/qlinear_*.cpp), the bf16 linear (csrc/bf16_linear.cpp) and the decoder's fused steps:
+residual + RMSNorm, rotary embedding, SiLU-and-multiply (csrc/ops.cpp) and ragged attention (csrc/attention.cpp).
 
 Everything else about the package lives in pyproject.toml. Without a C++ compiler the package still
-installs (bf16 and int8 keep working) and this script says which compiler it looked for; asking for
-`--quantization int4` then fails with the same explanation. SPECDEC_REQUIRE_KERNELS=1 makes a missing
-compiler an install error instead.
+installs (bf16 and int8 keep working, slower: on PyTorch's own linears and eager ops) and this script says
+which compiler it looked for; asking for `--quantization int4` then fails with the same explanation.
+SPECDEC_REQUIRE_KERNELS=1 makes a missing compiler an install error instead.
 """
 import os
 import shutil
@@ -20,8 +22,8 @@ def find_compiler() -> str | None:
 def extensions():
     if find_compiler() is None:
         msg = (f"specdec: no C++ compiler found (looked for $CXX={os.environ.get('CXX', '')!r}, c++, g++, "
-               "clang++): the int4 CPU kernels (specdec._C) are not built; install g++ and reinstall to use "
-               "--quantization int4")
+               "clang++): specdec's CPU kernels (specdec._C) are not built; install g++ and reinstall to use "
+               "--quantization int4 (bf16 and int8 then run slower, on PyTorch's own linears and ops)")
         if os.environ.get("SPECDEC_REQUIRE_KERNELS") == "1":
             raise SystemExit(msg)
         print(f"WARNING: {msg}", file=sys.stderr)

@@ -1,8 +1,8 @@
 """specdec: speculative decoding with exact rejection sampling, measured honestly."""
-from .config import EngineConfig, SpeculativeConfig
+from .config import SpeculativeConfig
 from .errors import SpecDecError
 from .llm import LLM
 from .sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "SpeculativeConfig", "EngineConfig", "SpecDecError"]
+__all__ = ["LLM", "SamplingParams", "SpeculativeConfig", "SpecDecError"]
 __version__ = "0.1.0"

@@ -185,8 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--peers", default="", help="comma-separated peers measured in the same run: hf,llamacpp")
     bo.add_argument("--out", default="out/bench-offline", help="output directory")
     bo.add_argument("--no-progress", action="store_true")
-    bo.add_argument("--eagle3-head", default=None, help="EAGLE-3 head directory (default: the one shipped for the target)")
-    bo.add_argument("--medusa-head", default=None, help="Medusa head directory (default: the one shipped for the target)")
+    bo.add_argument("--eagle3-head", default=None,
+                    help="EAGLE-3 head directory (default: the one shipped for the target)")
+    bo.add_argument("--medusa-head", default=None,
+                    help="Medusa head directory (default: the one shipped for the target)")
     bo.add_argument("--eagle-head", default=None, help="EAGLE-1/2 head directory (method eagle; none ships)")
     bo.add_argument("--eagle-topk", type=int, default=4, help="tree methods: guesses expanded per node")
     bo.add_argument("--num-steps", type=int, default=None, help="tree methods: tree depth (default: min(k, 4))")
@@ -254,6 +256,7 @@ def cmd_generate(args) -> int:
                              prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
                              quantization=args.draft_quantization, eagle_topk=args.eagle_topk,
                              num_steps=args.num_steps)
+    resolve_quantization(args)                   # after the request's own checks: it may assemble the model
     llm = LLM(target=args.target, draft=args.draft, speculative=spec, dtype=args.dtype, device=args.device,
               max_model_len=args.max_model_len, num_threads=args.threads, quantization=args.quantization,
               head_quantization=args.head_quantization)
@@ -392,8 +395,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "generate" or (args.command == "bench" and args.bench_command == "offline"):
-            resolve_quantization(args)
         if args.command == "models":
             return cmd_models(args)
         if args.command == "generate":

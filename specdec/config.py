@@ -3,15 +3,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-METHODS = ("none", "ngram", "draft", "eagle3", "eagle", "medusa", "auto")
 QUANTIZATIONS = ("none", "int8", "int4")   # --quantization (target) and the draft's `quantization`
 K_MIN, K_MAX = 1, 32                    # num_speculative_tokens (and auto's upper bound) everywhere: CLI, HTTP, policy
 
-# Defaults measured on the 2-core CPU (see README, "Choosing k"): the draft method peaks at k=4,
-# n-gram lookup (nearly free to propose) keeps gaining up to k=8 on edit-style prompts.
-# For "auto", k is the largest k the policy may choose per request.
-DEFAULT_K = {"none": 0, "ngram": 8, "draft": 4, "eagle3": 4, "eagle": 4, "medusa": 3, "auto": 8}
-TREE_METHODS = ("eagle3", "eagle", "medusa")       # proposers that can draft a token tree (eagle_topk > 1)
+
+@dataclass(frozen=True)
+class Method:
+    """One speculative method: what proposes its tokens and how the policy prices it. The engine never tests a
+    method's name; it asks this table, and holds one proposer per loaded method (proposers/registry.py)."""
+    name: str
+    default_k: int                      # measured on the 2-core CPU (README, "Choosing k")
+    kind: str                           # plain: no proposer | lookup: proposes from the sequence itself, free of
+                                        # forwards | model: a draft model's step per token | head: a learned head
+                                        # reading the target's hidden states | policy: picks among the others
+    prior_alpha: float | None = None    # the policy's acceptance before any observation (greedy)
+    tree: bool = False                  # can draft a token tree (eagle_topk > 1)
+    trainable: bool = False             # `specdec train-head --method` trains it
+    needs: str = ""                     # what must be loaded for it, said when it is not
+
+    @property
+    def drafts_with_model(self) -> bool:
+        """Pays a forward per draft token (a draft model or a head), unlike prompt lookup."""
+        return self.kind in ("model", "head")
+
+
+# Defaults measured on the 2-core CPU: the draft model peaks at k=4, n-gram lookup (nearly free to propose) keeps
+# gaining up to k=8 on edit-style prompts; for "auto", k is the largest k the policy may choose per request.
+METHOD_TABLE: dict[str, Method] = {m.name: m for m in (
+    Method("none", 0, "plain"),
+    Method("ngram", 8, "lookup", prior_alpha=0.3),
+    Method("draft", 4, "model", prior_alpha=0.8, needs="a draft model; none is loaded"),
+    Method("eagle3", 4, "head", prior_alpha=0.5, tree=True, trainable=True, needs="its head loaded at start-up"),
+    Method("eagle", 4, "head", prior_alpha=0.5, tree=True, needs="its head loaded at start-up"),
+    Method("medusa", 3, "head", prior_alpha=0.4, tree=True, trainable=True, needs="its head loaded at start-up"),
+    Method("auto", 8, "policy"),
+)}
+METHODS = tuple(METHOD_TABLE)
+DEFAULT_K = {m.name: m.default_k for m in METHOD_TABLE.values()}
+TREE_METHODS = tuple(m.name for m in METHOD_TABLE.values() if m.tree)
+HEAD_METHODS = tuple(m.name for m in METHOD_TABLE.values() if m.kind == "head")
+MODEL_METHODS = tuple(m.name for m in METHOD_TABLE.values() if m.drafts_with_model)
 
 
 @dataclass
@@ -43,7 +74,8 @@ class SpeculativeConfig:
         if self.quantization == "":
             self.quantization = None
         if self.quantization not in (None, *QUANTIZATIONS):
-            raise ValueError(f"unknown draft quantization '{self.quantization}' (choose from: {', '.join(QUANTIZATIONS)})")
+            raise ValueError(f"unknown draft quantization '{self.quantization}' "
+                             f"(choose from: {', '.join(QUANTIZATIONS)})")
         if not 1 <= self.eagle_topk <= 16:
             raise ValueError(f"eagle_topk must be in 1..16, got {self.eagle_topk}")
         if self.eagle_topk > 1 and self.method not in TREE_METHODS:
@@ -60,12 +92,3 @@ class SpeculativeConfig:
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                              f"{self.prompt_lookup_min}, {self.prompt_lookup_max}")
-
-
-@dataclass
-class EngineConfig:
-    target: str = "qwen2.5-coder-1.5b-instruct"
-    dtype: str = "bfloat16"                 # runtime dtype (float32 for exact parity checks)
-    device: str | None = None               # None: cuda if available, else cpu
-    max_model_len: int | None = None        # None: the model's context window
-    num_threads: int | None = None          # torch CPU threads; None: all cores

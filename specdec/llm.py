@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import torch
 
-from .config import DEFAULT_K, SpeculativeConfig
+from .config import DEFAULT_K, HEAD_METHODS, SpeculativeConfig
 from .engine import LLMEngine, RequestOutput, SchedulerConfig, StreamDelta
 from .errors import SpecDecError
-from .models.heads import HEAD_METHODS, LoadedHead
+from .models.heads import LoadedHead
 from .models.loader import LoadedModel, load_model
 from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from .policy import CostModel, PolicyConfig
@@ -160,7 +160,7 @@ class LLM:
         cost = measure_cost_model(self.target.model, self.draft.model if self.draft else None,
                                   lambda ids: find_ngram_continuation(ids, k_max, self.speculative.prompt_lookup_max,
                                                                       self.speculative.prompt_lookup_min), k_max,
-                                  max_rows=max_rows, heads=self.engine.heads)
+                                  max_rows=max_rows, heads={m: self.engine.proposers[m] for m in self.heads})
         write_json_atomic(path, {**cost.to_dict(), "key": key})
         return cost
 

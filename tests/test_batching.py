@@ -79,7 +79,7 @@ def test_greedy_alone_equals_inside_a_mixed_batch(pair):
     assert drafted["g2"] > 0 and drafted["g1"] >= 0 and drafted["g0"] == 0
     while engine.has_unfinished():                       # the sampled neighbours finish too
         assert all(o.error is None for o in engine.step())
-    assert engine.kv.allocated == 0 and engine.draft.kv.allocated == 0
+    assert engine.kv.allocated == 0 and engine.proposers["draft"].kv.allocated == 0
 
 
 def test_sampled_rows_inside_a_batch_equal_rows_verified_alone():
@@ -97,7 +97,8 @@ def test_sampled_rows_inside_a_batch_equal_rows_verified_alone():
         batch = verify_ragged(logits, drafts, qs, params, gens)
         for i in (0, 2):
             p = params[i]
-            alone = verify_ragged([logits[i]], [drafts[i]], [qs[i]], [p], [torch.Generator().manual_seed(seed * 10 + i)])
+            alone = verify_ragged([logits[i]], [drafts[i]], [qs[i]], [p],
+                                  [torch.Generator().manual_seed(seed * 10 + i)])
             assert batch[i] == alone[0]
             assert 0 <= batch[i][0] <= len(drafts[i]) and len(batch[i][1]) == batch[i][0] + 1
             allowed = probs_from_logits(logits[i], p.temperature, p.top_k, p.top_p, p.min_p)[batch[i][0]] > 0
@@ -126,7 +127,7 @@ def test_sampled_batch_is_exact_statistically():
         qs = [draft_probs[None]] * per_call + [None]
         params = [p] * per_call + [SamplingParams(temperature=0.0)]
         gens = [torch.Generator().manual_seed(c * per_call + i) for i in range(per_call)] + [None]
-        for n, emitted in verify_ragged(logits, drafts, qs, params, gens)[:per_call]:
+        for _, emitted in verify_ragged(logits, drafts, qs, params, gens)[:per_call]:
             counts[emitted[0]] += 1
         bad += torch.bincount(draws, minlength=V)      # the negative control: the draft's tokens, all accepted
     tv = 0.5 * (counts / counts.sum() - p_target).abs().sum().item()
@@ -142,13 +143,13 @@ def test_abort_mid_batch_frees_kv_and_draft_state(pair):
     seqs = [engine.add_request(f"r{i}", p, _greedy(40), SpeculativeConfig("draft", 3)) for i, p in enumerate(ids)]
     for _ in range(3):
         engine.step()
-    assert engine.kv.num_seqs == 4 and engine.draft.kv.num_seqs == 4
+    assert engine.kv.num_seqs == 4 and engine.proposers["draft"].kv.num_seqs == 4
     victim = seqs[1]
     assert engine.abort("r1") is victim
-    assert victim.seq_id not in engine.kv.caches and victim.seq_id not in engine.draft.kv.caches
+    assert victim.seq_id not in engine.kv.caches and victim.seq_id not in engine.proposers["draft"].kv.caches
     others = _drain(engine, [s for s in seqs if s is not victim])
     assert all(len(o) == 40 for o in others)
-    assert engine.kv.allocated == 0 and engine.draft.kv.allocated == 0
+    assert engine.kv.allocated == 0 and engine.proposers["draft"].kv.allocated == 0
     assert engine.abort("r1") is None                   # aborting twice is harmless
 
 

@@ -88,7 +88,8 @@ def test_peer_failure_is_recorded_not_fatal(tiny_dirs, prompts_file, tmp_path, m
 
 def _run(method, k, prompt, tok_s, e2e, cat="c", temp=0.0, rep=0, **extra):
     return {"method": method, "k": k, "temperature": temp, "repeat": rep, "prompt_index": prompt, "category": cat,
-            "decode_tok_s": tok_s, "e2e_s": e2e, "tpot_s": 1 / tok_s if tok_s else None, "ttft_s": 0.1, "completion_tokens": 100,
+            "decode_tok_s": tok_s, "e2e_s": e2e, "tpot_s": 1 / tok_s if tok_s else None, "ttft_s": 0.1,
+            "completion_tokens": 100,
             "draft_time_s": extra.pop("draft_time_s", 0.0), "peak_rss_mb": 100.0, "parity": True, **extra}
 
 

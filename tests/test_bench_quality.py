@@ -5,11 +5,10 @@ import json
 
 import pytest
 import torch
+from conftest import CORPUS
 
 from specdec.bench.quality import QualityConfig, compare, run_quality
 from specdec.cli import main
-
-from conftest import CORPUS
 
 
 def test_compare_is_zero_for_the_reference_and_grows_with_noise():

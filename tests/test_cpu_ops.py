@@ -8,9 +8,9 @@ import torch
 
 from specdec.models import cpu_ops
 from specdec.models.attn_metadata import causal_metadata
+from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import SeqKV
 from specdec.models.qwen2 import rope_tables
-from specdec.models.config import ModelConfig
 
 ext = pytest.importorskip("specdec._C", reason="specdec._C not built (needs a C++ compiler at install)")
 
@@ -29,7 +29,8 @@ def test_fused_ops_are_used_on_cpu():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm_matches_eager(dtype):
-    x, res, w = _rand(37, 896, dtype=dtype), _rand(37, 896, dtype=dtype, seed=1, scale=4), _rand(896, dtype=dtype, seed=2)
+    x, res = _rand(37, 896, dtype=dtype), _rand(37, 896, dtype=dtype, seed=1, scale=4)
+    w = _rand(896, dtype=dtype, seed=2)
     res_fused, res_eager = res.clone(), res.clone()
     out_f, r_f = cpu_ops.rms_norm(x, w, 1e-6, res_fused)
     out_e, r_e = cpu_ops.rms_norm(x, w, 1e-6, res_eager, fused=False)
@@ -43,7 +44,8 @@ def test_rms_norm_matches_eager(dtype):
         assert (out_f == out_e).float().mean() > 0.99
     # without a residual: normalises x itself and hands x back as the residual
     out, r = cpu_ops.rms_norm(x, w, 1e-6)
-    assert r is x and torch.allclose(out.float(), cpu_ops.rms_norm(x, w, 1e-6, fused=False)[0].float(), rtol=1e-2, atol=1e-2)
+    eager = cpu_ops.rms_norm(x, w, 1e-6, fused=False)[0]
+    assert r is x and torch.allclose(out.float(), eager.float(), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

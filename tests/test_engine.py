@@ -7,6 +7,8 @@ from specdec.config import SpeculativeConfig
 from specdec.engine import LLMEngine, RequestOutput, SchedulerConfig
 from specdec.errors import SpecDecError
 from specdec.models.loader import load_model
+from specdec.policy import CostModel, PolicyConfig
+from specdec.policy.decide import StepController
 from specdec.proposers import check_compatible
 from specdec.proposers.base import Draft, Proposer
 from specdec.sampling_params import SamplingParams
@@ -60,7 +62,7 @@ class OracleProposer(Proposer):
 def _oracle_engine(target, cont, k=5):
     """An engine whose 'draft' proposer is the oracle (method draft)."""
     engine = _engine(target)
-    engine.draft = OracleProposer(len(_ids(target)), cont)
+    engine.proposers["draft"] = OracleProposer(len(_ids(target)), cont)
     return engine, _spec("draft", k)
 
 
@@ -142,8 +144,8 @@ def test_seeded_sampling_is_reproducible(tiny_models):
     params = SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=123, ignore_eos=True)
     runs = [run(_engine(target, draft), ids, params, _spec("draft", 3)) for _ in range(2)]
     assert runs[0].token_ids == runs[1].token_ids
-    other = run(_engine(target, draft), ids,
-                SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=124, ignore_eos=True), _spec("draft", 3))
+    other = run(_engine(target, draft), ids, SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=124,
+                                                             ignore_eos=True), _spec("draft", 3))
     assert other.token_ids != runs[0].token_ids
 
 
@@ -153,7 +155,7 @@ def test_draft_cache_follows_committed_tokens(tiny_models):
     lengths = []
 
     def check(seq):
-        kv = engine.draft.kv.caches.get(seq.seq_id)
+        kv = engine.proposers["draft"].kv.caches.get(seq.seq_id)
         if kv is not None and not seq.finished:
             # the draft cache never holds a token that was not committed
             assert kv.length <= len(seq.token_ids)
@@ -161,7 +163,8 @@ def test_draft_cache_follows_committed_tokens(tiny_models):
 
     run(engine, _ids(target), _greedy(20), _spec("draft", 4), on_step=check)
     assert lengths
-    assert engine.draft.kv.num_seqs == 0 and engine.draft.kv.allocated == 0   # released at the end
+    draft_kv = engine.proposers["draft"].kv
+    assert draft_kv.num_seqs == 0 and draft_kv.allocated == 0       # released at the end
     assert engine.kv.num_seqs == 0 and engine.kv.allocated == 0
 
 
@@ -178,20 +181,20 @@ def test_the_draft_reads_the_prompt_in_the_steps_that_prefill_the_target(tiny_mo
     seen = []
     while seq.num_computed < len(ids):
         engine.step()
-        kv = engine.draft.kv.caches.get(seq.seq_id)
+        kv = engine.proposers["draft"].kv.caches.get(seq.seq_id)
         seen.append((seq.num_computed, kv.length if kv is not None else 0))
     assert len(seen) >= 4
     assert all(d == (n if method == "draft" else 0) for n, d in seen), seen
     fed = []
-    forward = engine.draft.model.forward
+    forward = engine.proposers["draft"].model.forward
 
     def counting(*a, **kw):
         fed.append(a[0].shape[-1] if a and hasattr(a[0], "shape") else None)
         return forward(*a, **kw)
-    engine.draft.model.forward = counting
+    engine.proposers["draft"].model.forward = counting
     while not seq.finished:
         engine.step()
-    engine.draft.model.forward = forward
+    engine.proposers["draft"].model.forward = forward
     if method == "draft":
         assert fed and max(x for x in fed if x is not None) <= 4     # the newest tokens only, never a prompt chunk
     plain = run(_engine(target), ids, _greedy(12), _spec("none"))
@@ -263,35 +266,30 @@ def test_draft_with_same_size_but_different_token_text_refused(tiny_dirs, tiny_m
         check_compatible(target.tokenizer, swapped, target.config.vocab_size, target.config.vocab_size)
 
 
-class _ScriptedLookup:
-    """Stands in for prompt lookup: guesses the known continuation, with every third guess wrong from its second
-    token on (partial acceptance)."""
+class _AlternatingController(StepController):
+    """A scripted step controller (through the real one's choose_step / observe_step): lookup's guess on every
+    other step (when there is one), the draft otherwise; the guess is the known continuation, every third one wrong
+    from its second token on (partial acceptance); keeps what the engine reports."""
 
-    def __init__(self, prompt_len, continuation):
-        self.prompt_len, self.continuation, self.calls = prompt_len, continuation, 0
+    def __init__(self, k, prompt_len, continuation):
+        super().__init__("draft", k, 0.8, CostModel(draft_step=0.1, verify=[1.0] * 10), PolicyConfig())
+        self.prompt_len, self.continuation, self.calls, self.i, self.seen = prompt_len, continuation, 0, 0, []
 
-    def match(self, token_ids, k):
+    def guess(self, token_ids, room):
         self.calls += 1
         done = len(token_ids) - self.prompt_len
-        guess = list(self.continuation[done: done + k])
+        guess = list(self.continuation[done: done + room])
         if self.calls % 3 == 0 and len(guess) > 1:
             guess[1:] = [(t + 1) % 100 for t in guess[1:]]
         return 2, guess
-
-
-class _AlternatingController:
-    """A scripted step controller: lookup's guess on every other step (when there is one), the draft otherwise;
-    keeps what the engine reports."""
-    model = "draft"                       # the model proposer it plans for (a StepController's draft model or head)
-
-    def __init__(self, k):
-        self.k, self.i, self.seen = k, 0, []
 
     def plan(self, n, lookup_len, budget=None):
         self.i += 1
         return ("lookup", lookup_len) if self.i % 2 and lookup_len else ("draft", self.k)
 
     def observe(self, source, num_draft, num_accepted, n=0, lookup_len=0, lookup_matched=0):
+        super().observe(source, num_draft, num_accepted, n, lookup_len, lookup_matched)
+        self.k = 3                                      # keep drafting whatever the record says
         self.seen.append((source, num_draft, num_accepted, lookup_len, lookup_matched))
 
 
@@ -302,10 +300,8 @@ def test_draft_and_lookup_side_by_side_keep_parity_and_the_draft_cache_in_step(t
     ids = _ids(target)
     base = run(_engine(target), ids, _greedy(48))
     engine = _engine(target, target)
-    lookup = _ScriptedLookup(len(ids), base.token_ids)
-    engine.lookup_for = lambda sp: lookup
     seq = engine.add_request("auto", ids, _greedy(48), _spec("draft", 3))
-    seq.spec.method, seq.spec.controller = "auto", (ctl := _AlternatingController(3))
+    seq.spec.method, seq.spec.controller = "auto", (ctl := _AlternatingController(3, len(ids), base.token_ids))
     while not seq.finished:
         assert all(out.error is None for out in engine.step())
     assert seq.output_ids == base.token_ids

@@ -92,7 +92,7 @@ def test_heads_batched_beside_other_methods_keep_parity(tiny_models, heads):
             assert out.error is None
     for s in seqs:
         assert s.output_ids == plain[int(s.request_id[-1])], s.request_id
-    assert not engine.heads["eagle3"].kv.caches and not engine.heads["medusa"].last    # released when finished
+    assert not engine.proposers["eagle3"].kv.caches and not engine.proposers["medusa"].last    # released when finished
 
 
 
@@ -277,6 +277,7 @@ def smooth_target(tmp_path_factory):
     """A tiny target with smaller weights: its answers settle into patterns a tiny head can learn in seconds (the
     default tiny target's text is close to random)."""
     from conftest import make_tiny_model
+
     from specdec.models.loader import load_model
 
     d = make_tiny_model(tmp_path_factory.mktemp("smooth") / "target", seed=0, weight_std=0.1)
@@ -310,7 +311,8 @@ def test_train_head_learns_the_target_and_serves(smooth_target, code_dir, chat_j
         assert seq.output_ids == base, method
         assert seq.stats.acceptance_rate > 0.1, (method, seq.stats.acceptance_rate)
         # the teacher-forced replay (python -m specdec.train.evaluate) gets the engine's accepted length
-        done = teacher_forced(target.model, [(ids, base, True)], head_layers(method, head, target.model.config.num_layers))
+        layers = head_layers(method, head, target.model.config.num_layers)
+        done = teacher_forced(target.model, [(ids, base, True)], layers)
         k = min(3, head.cfg.num_heads) if method == "medusa" else 3            # the engine drafts Medusa's heads
         r = acceptance(method, head, target.model.embed_tokens, done, k, target.model.config.num_layers)
         assert r.steps == seq.stats.draft_steps, method
@@ -371,7 +373,7 @@ def test_train_head_init_continues_from_a_trained_head(tiny_models, code_dir, ch
     HeadTrainer(_train_cfg("eagle3,medusa", f"{chat_jsonl}", tmp_path / "c", epochs=1, init=str(tmp_path / "a")),
                 target, progress=False).run()
     for method in ("eagle3", "medusa"):
-        def first(d):
+        def first(d, method=method):
             return json.loads((tmp_path / d / method / "training.json").read_text())["history"][0]["loss"]
 
         fresh = first("a")
@@ -668,7 +670,8 @@ def test_regenerate_keeps_conversations_without_a_user_turn_as_they_are(tmp_path
 
     rows = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "say hello there"},
                           {"role": "assistant", "content": "hello"}]},
-            {"messages": [{"role": "system", "content": "notes"}, {"role": "assistant", "content": "a long monologue"}]}]
+            {"messages": [{"role": "system", "content": "notes"},
+                          {"role": "assistant", "content": "a long monologue"}]}]
     path = tmp_path / "mixed.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     asked = []

@@ -10,8 +10,8 @@ import math
 import httpx
 import pytest
 import torch
-
 from server_utils import running_server
+
 from specdec import LLM, SamplingParams, SpeculativeConfig
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):"

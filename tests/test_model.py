@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdec.engine.kv_manager import KVManager
+from specdec.models.kv_manager import KVManager
 from specdec.models.loader import load_model
 from specdec.models.runner import Span, forward_once, forward_spans
 
@@ -163,7 +163,7 @@ def test_cache_grows_on_demand_keeping_its_contents(tiny_models):
     logits = [_step(model, cache, [t]) for t in range(1, 30)]       # grows (doubling) as it goes
     cache.rollback(3)
     assert torch.equal(_step(model, cache, [1]), logits[0])           # the prefix survived every resize
-    from specdec.engine.kv_manager import KVCapacityError
+    from specdec.models.kv_manager import KVCapacityError
     with pytest.raises(KVCapacityError):
         mgr.ensure(0, 65)
     mgr.free_seq(0)

@@ -42,7 +42,8 @@ def test_expected_tokens_formula():
     (RequestFeatures(max_tokens=256), {"draft": 0.2, "ngram": 0.8}, CPU, ("ngram", 8)),
     # compute-bound verification: only very high acceptance pays, with a short draft
     (RequestFeatures(max_tokens=256), {"draft": 0.7, "ngram": 0.3}, FLAT, ("none", 0)),
-    (RequestFeatures(max_tokens=256), {"draft": 0.3, "ngram": 0.97}, FLAT, ("ngram", best_k("ngram", 0.97, FLAT, 8)[0])),
+    (RequestFeatures(max_tokens=256), {"draft": 0.3, "ngram": 0.97}, FLAT,
+     ("ngram", best_k("ngram", 0.97, FLAT, 8)[0])),
 ])
 def test_choice_table(features, alphas, cost, expect):
     d = choose(features, alphas, cost, PolicyConfig())
@@ -193,10 +194,11 @@ def test_pool_with_useless_draft_falls_back_keeps_parity_and_recovers(tiny_dirs)
             break
     assert not pool.enabled and methods[0] == "draft"
     # a good draft returns (the target drafting for itself: acceptance 1)
-    from specdec.engine.kv_manager import KVManager
+    from specdec.models.kv_manager import KVManager
     from specdec.proposers import DraftModelProposer
 
-    llm.engine.draft = DraftModelProposer(llm.target.model, llm.tokenizer.vocab_size, KVManager(llm.target.model, 4096))
+    llm.engine.proposers["draft"] = DraftModelProposer(llm.target.model, llm.tokenizer.vocab_size,
+                                                       KVManager(llm.target.model, 4096))
     for i in range(40):
         ids = prompts[i % len(prompts)]
         out = llm.generate(ids, params, spec="auto", pool="p", request_id=f"good-{i}")[0]
@@ -277,10 +279,10 @@ def test_a_head_is_timed_after_a_target_step_as_in_the_engine(tiny_dirs, monkeyp
 def test_auto_runs_a_learned_head_with_parity(tiny_dirs, tmp_path, monkeypatch):
     """End to end: auto with a head loaded measures the head's step cost, picks the head, drafts with it (the
     head reads the target's states at every step, lookup steps included) and keeps the target's greedy output."""
+    from test_heads import _eagle3
+
     from specdec import LLM, SamplingParams, SpeculativeConfig
     from specdec.models.heads import save_head, target_fingerprint
-
-    from test_heads import _eagle3
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     probe = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)

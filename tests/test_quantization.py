@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from specdec.errors import SpecDecError
-from specdec.models.runner import forward_once
 from specdec.models.quantization import kernels, linear_names, quantize_model
 from specdec.models.quantization.blocks import dequantize, pack, quantize_int4, widen
+from specdec.models.runner import forward_once
 
 ext = pytest.importorskip("specdec._C", reason="specdec._C not built (needs a C++ compiler at install)")
 from specdec.models.quantization.linear import BlockQuantLinear  # noqa: E402
@@ -219,7 +219,8 @@ def test_llm_loads_its_draft_four_bit(monkeypatch):
     for requested, loaded in ((None, "int4"), ("none", "none"), ("int8", "int8")):
         calls.clear()
         with pytest.raises(RuntimeError, match="stop here"):
-            llm_mod.LLM(target="t", draft="d", speculative=llm_mod.SpeculativeConfig(method="draft", quantization=requested))
+            llm_mod.LLM(target="t", draft="d",
+                        speculative=llm_mod.SpeculativeConfig(method="draft", quantization=requested))
         assert calls[1][1]["quantization"] == loaded, requested
 
 
@@ -244,7 +245,7 @@ def test_gguf_blocks_map_without_loss(qtype):
 
 @pytest.mark.real_models
 def test_real_target_blocks_map_without_loss():
-    from specdec.models.gguf_weights import open_gguf
+    from specdec.gguf_file import open_gguf
     from specdec.models.quantization.gguf_blocks import codes_from_gguf
     from specdec.models.registry import BUILTIN_MODELS, assemble
 
@@ -283,7 +284,7 @@ def test_int4_model_steps_match_one_forward(tiny_dirs):
     from specdec.models.loader import load_model
 
     m = load_model(str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False, quantization="int4").model
-    from specdec.engine.kv_manager import KVManager
+    from specdec.models.kv_manager import KVManager
     from specdec.models.runner import Span, forward_spans
 
     ids = [5, 17, 42, 7, 99, 3, 11, 250]

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import make_tiny_model
 from server_utils import free_port, server_process
 
@@ -79,8 +78,8 @@ def test_bad_replica_flags_fail_in_one_line(flags, message, tiny_dirs):
     out = subprocess.run([sys.executable, "-m", "specdec.cli", "serve", "--target", str(tiny_dirs["target"]), *flags],
                          capture_output=True, text=True, timeout=120)
     lines = out.stderr.strip().splitlines()
-    assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith("specdec: error: ") and message in lines[0], \
-        out.stderr
+    assert out.returncode == 1 and len(lines) == 1, out.stderr
+    assert lines[0].startswith("specdec: error: ") and message in lines[0], out.stderr
 
 
 def test_tokenizer_pickles_whole(tiny_models):

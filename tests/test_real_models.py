@@ -4,8 +4,8 @@ import torch
 
 from specdec import LLM, SamplingParams, SpeculativeConfig
 from specdec.models.loader import load_model
-from specdec.models.runner import forward_once
 from specdec.models.registry import BUILTIN_MODELS, DEFAULT_DRAFT, assemble
+from specdec.models.runner import forward_once
 
 pytestmark = pytest.mark.real_models
 
@@ -29,7 +29,8 @@ def test_real_0_5b_matches_transformers(draft_gguf):
     ids = ours.tokenizer.encode_chat(messages)
     ref_tok = AutoTokenizer.from_pretrained(draft_gguf.parent, gguf_file=draft_gguf.name)
     assert ids == ref_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    ref = Qwen2ForCausalLM.from_pretrained(draft_gguf.parent, gguf_file=draft_gguf.name, torch_dtype=torch.float32).eval()
+    ref = Qwen2ForCausalLM.from_pretrained(draft_gguf.parent, gguf_file=draft_gguf.name,
+                                           torch_dtype=torch.float32).eval()
     with torch.no_grad():
         ref_logits = ref(torch.tensor([ids])).logits[0]
     logits = forward_once(ours.model, ids)

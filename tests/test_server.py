@@ -7,8 +7,8 @@ import time
 
 import httpx
 import pytest
-
 from server_utils import draft_llm, running_server
+
 from specdec import SpeculativeConfig
 
 CJK = "你好，世界！ 缓存 🙂 The quick brown fox"
@@ -223,7 +223,8 @@ def test_metrics_move(server, client, caplog):
     assert _metric(url, "specdec:spec_decode_num_draft_tokens_total") == drafted + spec["draft_tokens"]
     assert _metric(url, "specdec:request_success_total") == ok + 1
     text = httpx.get(url + "/metrics").text
-    for name in ("specdec:spec_decode_num_accepted_tokens_total", "specdec:spec_decode_num_accepted_tokens_per_pos_total",
+    for name in ("specdec:spec_decode_num_accepted_tokens_total",
+                 "specdec:spec_decode_num_accepted_tokens_per_pos_total",
                  "specdec:time_to_first_token_seconds_bucket", "specdec:time_per_output_token_seconds_bucket",
                  "specdec:e2e_request_latency_seconds_bucket", "specdec:num_requests_running",
                  "specdec:num_requests_waiting"):
@@ -281,7 +282,7 @@ def _disconnects(server, llm):
     assert _metric(url, "specdec:request_aborted_total") == aborted + 2
     assert state.engine.num_running == 0 and state.engine.num_waiting == 0
     # no KV or draft cache left behind by the aborted requests
-    assert llm.engine.kv.num_seqs == 0 and llm.engine.draft.kv.num_seqs == 0
+    assert llm.engine.kv.num_seqs == 0 and llm.engine.proposers["draft"].kv.num_seqs == 0
     # the server goes on
     assert _chat(client, "still there?", max_tokens=5).usage.completion_tokens >= 1
 
@@ -463,7 +464,7 @@ def test_models_load_measure_and_step_on_one_thread(tiny_dirs, monkeypatch):
     from specdec.engine import LLMEngine
     from specdec.llm import LLM
     from specdec.server.app import create_app
-    from specdec.server.serve import build_engine, server_state
+    from specdec.server.launch import build_engine, server_state
 
     seen: dict[str, set] = {"load": set(), "measure": set(), "step": set()}
     init, measure, step = LLM.__init__, LLM.cost_model, LLMEngine.step

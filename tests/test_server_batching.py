@@ -2,13 +2,12 @@
 follow finished requests at once, admission counts free running slots, KV grows with the request (issue 15's
 engine-side items)."""
 import asyncio
-import threading
 import time
 
 import httpx
 import pytest
-
 from server_utils import running_server
+
 from specdec import LLM, SpeculativeConfig
 from specdec.engine import LLMEngine
 
@@ -91,6 +90,7 @@ def test_one_running_and_max_queued_waiting_all_fit(llm, monkeypatch):
 def test_kv_grows_with_the_request_not_the_window(tmp_path_factory):
     """A request allowed 8000 new tokens holds KV for the tokens it has, not for the whole window."""
     from conftest import make_tiny_model
+
     from specdec.models.loader import load_model
     from specdec.sampling_params import SamplingParams
 

@@ -13,9 +13,9 @@ import time
 
 import httpx
 import pytest
-
 from conftest import make_tiny_model
 from server_utils import draft_llm, running_server, server_process
+
 from specdec import SpeculativeConfig
 
 HEALTH_BOUND_S = 0.5

@@ -8,12 +8,12 @@ import httpx
 import jsonschema
 import pytest
 import torch
-
 from server_utils import running_server
+from test_sampler import POSITIONS, TV_BOUND, N, V, _run, _tv
+
 from specdec import LLM, SamplingParams, SpeculativeConfig
 from specdec.sampling.grammar import StructuredOutputs
 from specdec.sampling.logits import probs_from_logits
-from test_sampler import N, POSITIONS, TV_BOUND, V, _run, _tv
 
 # -- exactness: a prefix-dependent mask (the toy grammar: which tokens may follow which), verified as the engine does:
 # row j masked by the state after the draft's first j tokens, the draft itself unconstrained ----------------------
@@ -32,7 +32,7 @@ def _toy(seed):
 @pytest.mark.parametrize("k", [1, 3])
 def test_constrained_speculative_sampling_is_exact(k):
     P_c, Q, allowed = _toy(seed=20 + k)
-    seqs = _run(P_c, Q, k, seed=200 + k)
+    seqs = _run(torch.log(P_c), Q, k, seed=200 + k, params=SamplingParams(temperature=1.0))
     assert all(tv < TV_BOUND for tv in _tv(seqs, P_c))
     prev = torch.zeros(N, dtype=torch.long)
     for i in range(POSITIONS):                                        # never a forbidden token
@@ -48,9 +48,10 @@ def test_negative_control_stale_grammar_state_fails():
         logits = target[x].masked_fill(~allowed[prev0], float("-inf"))
         bad = ~torch.isfinite(logits).any(-1)
         logits[bad] = 0.0
-        return torch.softmax(logits, -1)
+        return logits
 
-    assert max(_tv(_run(P_c, Q, 3, seed=203, p_row=stale), P_c)) > TV_BOUND
+    seqs = _run(torch.log(P_c), Q, 3, seed=203, params=SamplingParams(temperature=1.0), l_row=stale)
+    assert max(_tv(seqs, P_c)) > TV_BOUND
 
 
 # -- the tiny pair ---------------------------------------------------------------------------------------------------
@@ -92,6 +93,7 @@ def test_the_draft_model_proposes_only_allowed_tokens(tiny_dirs, temperature):
     """The tiny random draft, left alone, proposes tokens the schema forbids; with the grammar it drafts from the
     masked distribution and leaves the grammar state as it found it."""
     from server_utils import draft_llm
+
     from specdec.proposers.base import ProposalContext
     from specdec.sampling.grammar import Constraint
 
@@ -104,9 +106,9 @@ def test_the_draft_model_proposes_only_allowed_tokens(tiny_dirs, temperature):
         c = Constraint(so, tok)
         c.commit(prefix)
         g = torch.Generator().manual_seed(0)
-        free = llm.engine.draft.propose([ProposalContext(10_000 + len(prefix), prompt + prefix, params, g)], [6])[0]
-        masked = llm.engine.draft.propose([ProposalContext(20_000 + len(prefix), prompt + prefix, params, g, c)],
-                                          [6])[0]
+        draft = llm.engine.proposers["draft"]
+        free = draft.propose([ProposalContext(10_000 + len(prefix), prompt + prefix, params, g)], [6])[0]
+        masked = draft.propose([ProposalContext(20_000 + len(prefix), prompt + prefix, params, g, c)], [6])[0]
         assert len(masked) == 6 and c.valid_prefix(masked.token_ids.tolist()) == 6
         assert c.valid_prefix(free.token_ids.tolist()) < 6                  # the control: unmasked, it strays
         fresh = Constraint(so, tok)

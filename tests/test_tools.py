@@ -7,8 +7,8 @@ import json
 import httpx
 import jsonschema
 import pytest
-
 from server_utils import draft_llm, running_server
+
 from specdec import SpeculativeConfig
 from specdec.server.tools import ToolStream, parse_tool_calls
 

@@ -3,6 +3,7 @@ argmax down the tree; the accepted path's K/V is compacted into place. Greedy ou
 tree shape, in fp32 and bf16 (tree rows attend over the same keys, in the same order, as chain rows)."""
 import pytest
 import torch
+from test_heads import PROMPT, _eagle3, _medusa
 
 from specdec.config import SpeculativeConfig
 from specdec.engine import LLMEngine
@@ -12,8 +13,6 @@ from specdec.proposers.base import Draft, Proposer
 from specdec.proposers.tree import TreeBuilder
 from specdec.sampling.rejection import verify_tree_greedy
 from specdec.sampling_params import SamplingParams
-
-from test_heads import PROMPT, _eagle3, _medusa
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
@@ -137,7 +136,7 @@ class OracleTree(Proposer):
             done = len(ctx.token_ids) - self.prompt_len
             nxt = self.truth[done: done + max(1, k // 2)]
             tokens, parents, parent = [], [], -1
-            for j, t in enumerate(nxt):
+            for t in nxt:
                 if len(tokens) + 2 > k:
                     break
                 tokens += [(t + 1) % self.vocab, t]                                     # a decoy, then the truth
@@ -162,7 +161,7 @@ def test_accepted_paths_behind_decoys_are_compacted(target):
     ids = target.tokenizer.encode(PROMPT)
     engine = LLMEngine(target.model, target.tokenizer)
     base = _generate(engine, ids, SpeculativeConfig("none")).output_ids
-    engine.heads["medusa"] = OracleTree(len(ids), base, target.tokenizer.vocab_size)
+    engine.proposers["medusa"] = OracleTree(len(ids), base, target.tokenizer.vocab_size)
     seq = _generate(engine, ids, SpeculativeConfig("medusa", 6, eagle_topk=2, num_steps=3))
     assert seq.output_ids == base
     assert seq.stats.accepted_tokens >= seq.stats.draft_steps      # at least one accepted per step: paths were kept
@@ -248,14 +247,14 @@ def test_sampled_requests_verify_chains_never_trees(target):
     seq = _generate(engine, ids, SpeculativeConfig("eagle3", 6, eagle_topk=3, num_steps=2), sampled)
     assert seq.stats.draft_tokens > 0
     assert len(seq.stats.drafted_per_position) == 2          # the chain is as long as the tree is deep, not k
-    proposer = engine.heads["eagle3"]
+    proposer = engine.proposers["eagle3"]
     proposer.accept_hidden(99, 0, {i: torch.zeros(len(ids) - 1, model.config.hidden_size, dtype=dtype)
                                    for i in proposer.target_hidden})
     ctx = ProposalContext(99, list(ids), sampled, torch.Generator().manual_seed(0), None, 3, 3)
     assert not ctx.tree and proposer.propose([ctx], [6])[0].parents is None
     proposer.release(99)
     plain = _generate(engine, ids, SpeculativeConfig("none"), sampled, rid="plain").output_ids
-    engine.heads["medusa"] = OracleTree(len(ids), plain, target.tokenizer.vocab_size)
+    engine.proposers["medusa"] = OracleTree(len(ids), plain, target.tokenizer.vocab_size)
     seq = _generate(engine, ids, SpeculativeConfig("medusa", 6, eagle_topk=2, num_steps=3), sampled, rid="o")
     assert seq.stats.draft_tokens == 0 and seq.output_ids == plain
 

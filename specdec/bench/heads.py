@@ -15,8 +15,7 @@ import argparse
 
 import torch
 
-from ..config import SpeculativeConfig
-from ..models.heads import HEAD_METHODS
+from ..config import HEAD_METHODS, SpeculativeConfig
 
 
 def measure(llm, heads: dict[str, str | None], schemes: list[str], context: int = 256, rounds: int = 3,
@@ -35,7 +34,8 @@ def measure(llm, heads: dict[str, str | None], schemes: list[str], context: int 
         for q in schemes:
             head = load_head_for(m, path, llm.target, q)
             packed[(m, q)] = head.quantization          # the scheme its linears really run
-            proposers[(m, q)] = make_head_proposer(m, head.module, model, eng.vocab_size, eng.sched_cfg.max_total_tokens)
+            proposers[(m, q)] = make_head_proposer(m, head.module, model, eng.vocab_size,
+                                                   eng.sched_cfg.max_total_tokens)
     best: dict = {}
     with torch.inference_mode():
         target_s = forward_times(model, [1], context, repeats)[1]

@@ -101,7 +101,7 @@ def time_stack(method: str, rows: list[int], reps: int, layers: int = LAYERS) ->
         for rep in range(reps + 1):               # the first pass warms caches and allocators
             for m in rows:
                 t0 = time.perf_counter()
-                for (n, k), lin in zip(shapes, linears):
+                for (_, k), lin in zip(shapes, linears):
                     lin(xs[k][:m])
                 if rep:
                     best[m] = min(best[m], time.perf_counter() - t0)

@@ -16,10 +16,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import DEFAULT_K, K_MAX, K_MIN, METHODS, TREE_METHODS, SpeculativeConfig
+from ..config import DEFAULT_K, HEAD_METHODS, K_MAX, K_MIN, METHODS, TREE_METHODS, SpeculativeConfig
 from ..errors import SpecDecError
 from ..metrics.stats import peak_rss_mb
-from ..models.heads import HEAD_METHODS
 from ..sampling_params import SamplingParams
 from ..utils import write_json_atomic, write_text_atomic
 from .datasets import load_prompts
@@ -125,7 +124,7 @@ def machine_info(threads: int) -> dict:
     return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "cpu": cpu, "cpu_count": os.cpu_count(), "threads": threads, "memory_gb": mem_gb,
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "specdec_commit": commit}
 
 
@@ -147,6 +146,10 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
         raise SpecDecError(f"--out {out} exists and is not a directory")
     # hf-assisted uses the draft too, when one is loaded (method draft, or --draft given)
     need_draft = "draft" in cfg.methods or "auto" in cfg.methods or cfg.draft is not None
+    if cfg.quantization is None:      # --quantization left out: what the target's file and the device call for
+        from ..models.loader import default_quantization
+
+        cfg.quantization = default_quantization(cfg.target or DEFAULT_TARGET, cfg.device)
     t0 = time.perf_counter()
     llm = LLM(target=cfg.target or DEFAULT_TARGET, draft=cfg.draft, dtype=cfg.dtype, device=cfg.device,
               max_model_len=cfg.max_model_len, num_threads=cfg.threads, progress=cfg.progress,
@@ -184,7 +187,8 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     _add_parity(llm, prompt_ids, runs)
     memory = {"target_weight_bytes": llm.target.weight_bytes,
               # bytes a target forward streams: every weight but the embedding table (only rows are gathered)
-              "target_read_gb_per_forward": (llm.target.weight_bytes - llm.target.model.embed_tokens.weight.nbytes) / 1e9,
+              "target_read_gb_per_forward":
+                  (llm.target.weight_bytes - llm.target.model.embed_tokens.weight.nbytes) / 1e9,
               "draft_weight_bytes": llm.draft.weight_bytes if llm.draft is not None else 0,
               "draft_kv_bytes_per_token": draft_kv_per_token, "peak_rss_mb": peak_rss_mb(),
               "heads": {m: {"weight_bytes": h.module.weight_nbytes(), "quantization": h.quantization}

@@ -1,9 +1,9 @@
 """PNG plots for `bench offline` (matplotlib, headless)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from ..utils import atomic_path
 from .summary import ALL
 
 
@@ -13,9 +13,8 @@ def _legend(ax, **kw) -> None:
 
 
 def _save(fig, path: Path) -> str:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     return path.name
 
 
@@ -56,7 +55,8 @@ def write_plots(result: dict, out: Path) -> list[str]:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
         for m in spec:
             for c in cats + ([ALL] if len(cats) > 1 else []):
-                rows = sorted((r for r in summary if r["method"] == m and r["category"] == c and r["temperature"] == t0),
+                rows = sorted((r for r in summary
+                               if r["method"] == m and r["category"] == c and r["temperature"] == t0),
                               key=lambda r: r["k"])
                 if not rows:
                     continue
@@ -82,7 +82,8 @@ def write_plots(result: dict, out: Path) -> list[str]:
             for k in sorted({r["k"] for r in summary if r["method"] == m}):
                 rows = sorted((r for r in summary if r["method"] == m and r["k"] == k and r["category"] == cat),
                               key=lambda r: r["temperature"])
-                ax.plot([r["temperature"] for r in rows], [r["speedup"] or 0 for r in rows], marker="o", label=f"{m} k={k}")
+                ax.plot([r["temperature"] for r in rows], [r["speedup"] or 0 for r in rows], marker="o",
+                        label=f"{m} k={k}")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xlabel("temperature")
         ax.set_ylabel("speedup vs none")

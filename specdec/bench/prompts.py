@@ -51,11 +51,13 @@ BUILTIN_PROMPTS: list[dict] = [
     {"category": "code-edit", "messages": [{"role": "user", "content":
         "Add type hints and a docstring to this function. Reply with the full code only.\n\n" + _MEAN}]},
     {"category": "code-edit", "messages": [{"role": "user", "content":
-        "Rename the class to Stock and the method `total` to `count`. Reply with the full code only.\n\n" + _INVENTORY}]},
+        "Rename the class to Stock and the method `total` to `count`. Reply with the full code only.\n\n"
+        + _INVENTORY}]},
     {"category": "code-edit", "messages": [{"role": "user", "content":
         "Convert this JavaScript to modern ES2020 (const/let, arrow functions). Reply with the code only.\n\n" + _JS}]},
     {"category": "code-gen", "messages": [{"role": "user", "content":
-        "Write a Python function that parses an ISO-8601 date string into a (year, month, day) tuple, with validation."}]},
+        "Write a Python function that parses an ISO-8601 date string into a (year, month, day) tuple, "
+        "with validation."}]},
     {"category": "code-gen", "messages": [{"role": "user", "content":
         "Write a Python class implementing an LRU cache with get and put methods, using OrderedDict."}]},
     {"category": "code-gen", "messages": [{"role": "user", "content":

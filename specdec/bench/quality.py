@@ -122,9 +122,11 @@ def render_quality(result: dict) -> str:
     lines = [
         "# Quantization quality against the runtime-dtype model", "",
         f"- target `{c['target']}`, dtype {c['dtype']}, text `{c['text']}` (seed {c['seed']}), "
-        f"{result['rows'][0]['positions']} scored positions in windows of {c['window']} tokens, each from an empty cache",
+        f"{result['rows'][0]['positions']} scored positions in windows of {c['window']} tokens, "
+        "each from an empty cache",
         f"- machine: {result['machine'].get('cpu', '?')}, torch {result['machine'].get('torch', '?')}",
-        "- KLD: KL(reference || scheme) per position, in nats; same top-1: the argmax token agrees with the reference's",
+        "- KLD: KL(reference || scheme) per position, in nats; same top-1: the argmax token agrees with the "
+        "reference's",
         "",
         "| scheme | weights GB | perplexity | ppl ratio | mean KLD | P99 KLD | max KLD | same top-1 |",
         "|---|---|---|---|---|---|---|---|",

@@ -61,22 +61,27 @@ def recommend(summary: list[dict]) -> list[dict]:
                 cold = [r for r in _rows(summary, category=cat, temperature=min(_temperatures(summary)))
                         if r["method"] in SPEC_METHODS and r.get("acceptance_rate") is not None]
                 here = [r for r in cands if r.get("acceptance_rate") is not None]
-                if cold and here and max(r["acceptance_rate"] for r in here) < max(r["acceptance_rate"] for r in cold) - 0.02:
-                    notes.append(f"temperature {temp:g} lowers the best acceptance from "
-                                 f"{max(r['acceptance_rate'] for r in cold):.2f} to {max(r['acceptance_rate'] for r in here):.2f}")
+                best_cold = max((r["acceptance_rate"] for r in cold), default=None)
+                best_here = max((r["acceptance_rate"] for r in here), default=None)
+                if cold and here and best_here < best_cold - 0.02:
+                    notes.append(f"temperature {temp:g} lowers the best acceptance from {best_cold:.2f} "
+                                 f"to {best_here:.2f}")
             if best is not None and best["speedup"] >= ENABLE_MIN_SPEEDUP:
-                why = (f"{_label(best)} measured {best['speedup']:.2f}x decode speed"
-                       f" ({best['decode_tok_s']:.1f} vs {base[0]['decode_tok_s']:.1f} tok/s)" if base and best.get("decode_tok_s") and base[0].get("decode_tok_s") else
-                       f"{_label(best)} measured {best['speedup']:.2f}x decode speed")
+                why = f"{_label(best)} measured {best['speedup']:.2f}x decode speed"
+                if base and best.get("decode_tok_s") and base[0].get("decode_tok_s"):
+                    why += f" ({best['decode_tok_s']:.1f} vs {base[0]['decode_tok_s']:.1f} tok/s)"
                 if best.get("acceptance_rate") is not None:
-                    why += f", acceptance {best['acceptance_rate']:.2f}, mean accepted length {best['mean_accepted_length']:.2f}"
-                if best["method"] == "ngram" and best["acceptance_rate"] is not None and best["acceptance_rate"] < MIN_ACCEPTANCE:
+                    why += (f", acceptance {best['acceptance_rate']:.2f}, "
+                            f"mean accepted length {best['mean_accepted_length']:.2f}")
+                if (best["method"] == "ngram" and best["acceptance_rate"] is not None
+                        and best["acceptance_rate"] < MIN_ACCEPTANCE):
                     why += " (low acceptance is fine here: n-gram drafts cost no forward pass)"
                 out.append({**dec, "enable": True, "method": best["method"], "k": best["k"],
                             "expected_speedup": best["speedup"], "why": "; ".join([why, *notes])})
                 continue
             if best is not None:
-                why = f"best eligible config {_label(best)} gains only {best['speedup']:.3f}x (< {ENABLE_MIN_SPEEDUP:.2f}x)"
+                why = (f"best eligible config {_label(best)} gains only {best['speedup']:.3f}x "
+                       f"(< {ENABLE_MIN_SPEEDUP:.2f}x)")
             else:
                 why = "no config is eligible"
             if excluded:
@@ -110,6 +115,17 @@ def _best_per_method(summary, cat, temp) -> list[dict]:
     return list(best.values())
 
 
+def _specdec_weights(cfg: dict) -> str:
+    """What specdec did with the GGUF's weights under the run's --quantization (models/quantization/__init__.py)."""
+    scheme = cfg.get("quantization") or "none"
+    if scheme == "int4":
+        return ("runs the target's GGUF blocks on its own int4 CPU kernels (specdec._C; Q4_K, Q6_K and Q8_0 "
+                "blocks kept without loss)")
+    if scheme == "int8":
+        return "re-quantizes them to int8 per output channel (weight-only)"
+    return f"dequantizes them to {cfg['dtype']}"
+
+
 def render_report(result: dict, plots: list[str]) -> str:
     cfg, machine, summary = result["config"], result["machine"], result["summary"]
     lines = ["# specdec offline A/B benchmark", ""]
@@ -128,7 +144,8 @@ def render_report(result: dict, plots: list[str]) -> str:
               f"a draft model needs acceptance ≥ {MIN_ACCEPTANCE}; outputs under {MIN_OUTPUT_TOKENS} tokens mean off. "
               "All figures are single-stream (concurrency 1): speculation spends idle compute, so it suits "
               "latency-sensitive, low-concurrency traffic and pays less as load grows.", "",
-              "| category | temperature | decision | method | k | expected speedup | why |", "|---|---|---|---|---|---|---|"]
+              "| category | temperature | decision | method | k | expected speedup | why |",
+              "|---|---|---|---|---|---|---|"]
     for d in recommend(summary):
         lines.append(f"| {d['category']} | {d['temperature']:g} | {'**enable**' if d['enable'] else 'off'} | "
                      f"{d['method']} | {_k(d)} | {d['expected_speedup']:.2f}x | {d['why']} |")
@@ -154,13 +171,14 @@ def render_report(result: dict, plots: list[str]) -> str:
         lines.append("")
 
     peer_rows = [r for r in summary if r["method"].startswith(("hf-", "llamacpp-"))]
+    peer_methods = list(dict.fromkeys(r["method"] for r in peer_rows))
     if peer_rows:
         lines += ["## specdec against the peers", "",
-                  "Ratio of specdec's fastest config to each peer's decode tok/s (same prompt tokens, same model files; "
-                  "llama.cpp runs the GGUF's 4–6-bit weights natively; transformers keeps them quantized and computes "
-                  f"in float32; specdec dequantizes them to {cfg['dtype']}).", "",
-                  "| temperature | category | specdec best | " + " | ".join(dict.fromkeys(r["method"] for r in peer_rows)) + " |",
-                  "|---|---|---|" + "---|" * len(dict.fromkeys(r["method"] for r in peer_rows))]
+                  "Ratio of specdec's fastest config to each peer's decode tok/s (same prompt tokens, same model "
+                  "files; llama.cpp runs the GGUF's 4–6-bit weights natively; transformers keeps them quantized and "
+                  f"computes in float32; specdec {_specdec_weights(cfg)}).", "",
+                  "| temperature | category | specdec best | " + " | ".join(peer_methods) + " |",
+                  "|---|---|---|" + "---|" * len(peer_methods)]
         for temp in _temperatures(summary):
             for cat in cats:
                 ours = [r for r in _best_per_method(summary, cat, temp) if r["method"] in ("none", *SPEC_METHODS)]
@@ -168,12 +186,13 @@ def render_report(result: dict, plots: list[str]) -> str:
                     continue
                 best = max(ours, key=lambda r: r["decode_tok_s"])
                 cells = []
-                for pm in dict.fromkeys(r["method"] for r in peer_rows):
+                for pm in peer_methods:
                     p = next((x for x in _rows(summary, method=pm, category=cat, temperature=temp)
                               if x.get("decode_tok_s")), None)
                     cells.append(f"{best['decode_tok_s'] / p['decode_tok_s']:.2f}x (peer {p['decode_tok_s']:.2f} tok/s)"
                                  if p else "error")
-                lines.append(f"| {temp:g} | {cat} | {_label(best)} {best['decode_tok_s']:.2f} tok/s | " + " | ".join(cells) + " |")
+                lines.append(f"| {temp:g} | {cat} | {_label(best)} {best['decode_tok_s']:.2f} tok/s | "
+                             + " | ".join(cells) + " |")
         lines.append("")
 
     lines += ["## All configurations", "",
@@ -183,8 +202,8 @@ def render_report(result: dict, plots: list[str]) -> str:
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary:
         if r.get("decode_tok_s") is None:
-            lines.append(f"| {r['temperature']:g} | {r['category']} | {r['method']} | {_k(r)} | {r['n']} | {r['errors']} |"
-                         + " - |" * 13)
+            lines.append(f"| {r['temperature']:g} | {r['category']} | {r['method']} | {_k(r)} | {r['n']} | "
+                         f"{r['errors']} |" + " - |" * 13)
             continue
         ms = lambda x: _f(x * 1000 if x is not None else None, "{:.0f}")  # noqa: E731
         pos = " ".join(f"{a:.2f}" for a in r["accepted_per_position"]) or "-"
@@ -201,9 +220,10 @@ def render_report(result: dict, plots: list[str]) -> str:
     mem = cfg["memory"]
     lines += ["## Memory", "",
               f"- target weights {mem['target_weight_bytes'] / 2**20:.0f} MiB; draft weights "
-              f"{mem['draft_weight_bytes'] / 2**20:.0f} MiB; draft KV cache {mem['draft_kv_bytes_per_token'] / 1024:.1f} KiB "
-              f"per token (max per request: {max((r.get('draft_kv_mb') or 0 for r in summary), default=0):.1f} MiB)",
-              *([f"- learned heads' weights as run: " + "; ".join(
+              f"{mem['draft_weight_bytes'] / 2**20:.0f} MiB; draft KV cache "
+              f"{mem['draft_kv_bytes_per_token'] / 1024:.1f} KiB per token (max per request: "
+              f"{max((r.get('draft_kv_mb') or 0 for r in summary), default=0):.1f} MiB)",
+              *(["- learned heads' weights as run: " + "; ".join(
                   f"{m} {h['weight_bytes'] / 2**20:.1f} MiB ({h['quantization']})" for m, h in mem["heads"].items())]
                 if mem.get("heads") else []),
               f"- peak RSS of the benchmark process {mem['peak_rss_mb']:.0f} MiB (peers loaded after specdec's runs "
@@ -212,14 +232,15 @@ def render_report(result: dict, plots: list[str]) -> str:
     runs = result["runs"]
     mism = [r for r in runs if r.get("parity") is False and r["temperature"] == 0 and r["method"] in SPEC_METHODS]
     lines += ["## Parity (greedy)", ""]
-    greedy_spec = [r for r in runs if r["temperature"] == 0 and r["method"] in SPEC_METHODS and r.get("parity") is not None]
+    greedy_spec = [r for r in runs
+                   if r["temperature"] == 0 and r["method"] in SPEC_METHODS and r.get("parity") is not None]
     if greedy_spec:
         lines.append(f"- {sum(r['parity'] for r in greedy_spec)}/{len(greedy_spec)} greedy speculative runs are "
                      "token-identical to plain decoding.")
     for r in mism:
         lines.append(f"- prompt {r['prompt_index']} {_label(r)}: differs; target top-2 logit margin at the first "
-                     f"differing token {_f(r.get('divergence_margin'), '{:.4f}')} (a near-tie under {cfg['dtype']} rounding "
-                     "when small)")
+                     f"differing token {_f(r.get('divergence_margin'), '{:.4f}')} (a near-tie under {cfg['dtype']} "
+                     "rounding when small)")
     if any(t > 0 for t in cfg["temperatures"]):
         lines.append("- Sampled runs (temperature > 0) are equal to the target in distribution, not token for token; "
                      "their parity column is left empty.")

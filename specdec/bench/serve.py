@@ -179,7 +179,8 @@ def _served_model(url: str, api_key: str | None) -> str:
         r.raise_for_status()
         return r.json()["data"][0]["id"]
     except Exception as exc:  # noqa: BLE001
-        raise SpecDecError(f"cannot list models at {url}/v1/models ({type(exc).__name__}: {exc}); pass --model") from None
+        raise SpecDecError(f"cannot list models at {url}/v1/models ({type(exc).__name__}: {exc}); "
+                           "pass --model") from None
 
 
 def summarize_level(recs: list[dict], duration_s: float) -> dict:
@@ -274,7 +275,8 @@ def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
                    and r["concurrency"] == row["concurrency"] and r["ok"]}
             mine = [r for r in requests if r["endpoint"] == row["endpoint"] and r["concurrency"] == row["concurrency"]
                     and r["ok"] and r["prompt_index"] in ref]
-            row["identical_to_first"] = (sum(r["text"] == ref[r["prompt_index"]] for r in mine) / len(mine)) if mine else None
+            same = sum(r["text"] == ref[r["prompt_index"]] for r in mine)
+            row["identical_to_first"] = same / len(mine) if mine else None
     import torch
 
     result = {"config": {**asdict(cfg), "models": models, "num_prompts": len(prompts)},
@@ -299,14 +301,17 @@ def render_serve_report(result: dict, plots: list[str]) -> str:
     lines = ["# specdec serving benchmark", "",
              f"- dataset `{cfg['dataset']}` ({cfg['num_prompts']} requests per level), max_tokens {cfg['max_tokens']}, "
              f"temperature {cfg['temperature']:g}, concurrency {', '.join(map(str, cfg['concurrency']))}",
-             f"- machine: {result['machine']['cpu']}, {result['machine']['cpu_count']} cores, {result['machine']['date']}"]
+             f"- machine: {result['machine']['cpu']}, {result['machine']['cpu_count']} cores, "
+             f"{result['machine']['date']}"]
     for label, url, extra, model in zip(cfg["labels"], cfg["endpoints"], cfg["extra_body"], cfg["models"]):
-        lines.append(f"- endpoint `{label}`: {url}, model `{model}`" + (f", extra body `{json.dumps(extra)}`" if extra else ""))
+        lines.append(f"- endpoint `{label}`: {url}, model `{model}`"
+                     + (f", extra body `{json.dumps(extra)}`" if extra else ""))
     lines += ["", "TTFT, TPOT, ITL and E2E in ms (P50 / P90 / P95 / P99); throughput over the whole level.", "",
-              "| endpoint | conc | ok/err | req/s | out tok/s | TTFT | TPOT | ITL | E2E | accept | MAL | tok/chunk | identical |",
+              "| endpoint | conc | ok/err | req/s | out tok/s | TTFT | TPOT | ITL | E2E | accept | MAL | tok/chunk | "
+              "identical |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["summary"]:
-        def pct(name):
+        def pct(name, r=r):
             return " / ".join(_ms(r[f"{name}_p{q}_s"]) for q in PCTS)
         ident = r.get("identical_to_first")
         lines.append(
@@ -324,8 +329,8 @@ def render_serve_report(result: dict, plots: list[str]) -> str:
                   for r in structured]
     errors = [r for r in result["requests"] if not r["ok"]]
     if errors:
-        lines += ["", "## Errors", ""] + [f"- {r['endpoint']} c={r['concurrency']} prompt {r['prompt_index']}: {r['error']}"
-                                          for r in errors[:20]]
+        lines += ["", "## Errors", ""] + [
+            f"- {r['endpoint']} c={r['concurrency']} prompt {r['prompt_index']}: {r['error']}" for r in errors[:20]]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"

@@ -86,7 +86,8 @@ def measure(llm, seqs: int, steps: int, ops_impl: str = "auto") -> dict:
         total = sum(times)
         parts = {k: v / steps * 1e3 for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
         parts["rest"] = (total - sum(acc.values())) / steps * 1e3
-        return {"seqs": seqs, "ops_impl": ops_impl, "step_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3, "parts_ms": parts}
+        return {"seqs": seqs, "ops_impl": ops_impl, "step_ms": statistics.median(times) * 1e3,
+                "min_ms": min(times) * 1e3, "parts_ms": parts}
     finally:
         for rid in ids:
             eng.abort(rid)

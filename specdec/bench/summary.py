@@ -89,7 +89,8 @@ def _aggregate(good: list[dict], base: dict, temperature: float) -> dict:
     per_pos_d: list[int] = []
     per_pos_a: list[int] = []
     for r in good:
-        for i, (d, a) in enumerate(zip(r.get("drafted_per_position") or [], r.get("accepted_counts_per_position") or [])):
+        positions = zip(r.get("drafted_per_position") or [], r.get("accepted_counts_per_position") or [])
+        for i, (d, a) in enumerate(positions):
             if i >= len(per_pos_d):
                 per_pos_d.append(0)
                 per_pos_a.append(0)

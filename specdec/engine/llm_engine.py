@@ -17,31 +17,29 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import SpeculativeConfig
+from ..config import METHOD_TABLE, SpeculativeConfig
 from ..errors import SpecDecError
+from ..models.kv_manager import KVManager
 from ..models.runner import Span, forward_spans
 from ..policy.cost_model import StepBudget
 from ..policy.decide import RequestFeatures
 from ..proposers.base import Draft, ProposalContext, Proposer, VerifyResult, empty_draft, tree_allowed
-from ..proposers.draft_model import DraftModelProposer
-from ..proposers.heads import HEAD_METHODS, make_head_proposer
-from ..proposers.ngram import NgramProposer
+from ..proposers.registry import build_proposers
 from ..sampling.logprobs import token_logprobs
 from ..sampling.rejection import verify_ragged, verify_tree_greedy
 from ..sampling_params import SamplingParams
-from .kv_manager import KVManager
 from .output import StepInfo, StepOutput, StreamDelta
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Sequence, SpecState
+
+FORCED = "forced"      # a _Plan's source when the grammar's next tokens are verified without drafting
 
 
 @dataclass
 class _Plan:
     """One decoding sequence's part of a step: what it verifies and where that came from."""
     draft: Draft = field(default_factory=empty_draft)
-    source: str = "draft"                 # draft | lookup (method auto: which proposer filled `draft`) | forced
-    match_len: int = 0                    # auto: length of the n-gram prompt lookup matched
-    guess: list[int] = field(default_factory=list)   # auto: prompt lookup's guess (scored even when not verified)
+    source: str = ""                      # the proposer that filled `draft` (its method), FORCED, or "" (plain)
 
 
 class LLMEngine:
@@ -58,16 +56,10 @@ class LLMEngine:
         self.sched_cfg = scheduler or SchedulerConfig()
         self.kv = KVManager(model, self.sched_cfg.max_total_tokens)
         self.scheduler = Scheduler(self.sched_cfg, self.kv)
-        self.draft = (DraftModelProposer(draft_model, self.vocab_size,
-                                         KVManager(draft_model, self.sched_cfg.max_total_tokens),
-                                         self.sched_cfg.max_num_batched_tokens)
-                      if draft_model is not None else None)
-        self._lookups: dict[tuple[int, int], NgramProposer] = {}
-        # learned heads by method (eagle3, medusa): {method: nn.Module}; their proposers read the target's hidden
-        # states from the step's own forward
-        self.heads: dict[str, Proposer] = {m: make_head_proposer(m, h, model, self.vocab_size,
-                                                                  self.sched_cfg.max_total_tokens)
-                                           for m, h in (heads or {}).items()}
+        # one proposer per loaded method ({method: Proposer}); learned heads ({method: nn.Module} given) read the
+        # target's hidden states from the step's own forward
+        self.proposers: dict[str, Proposer] = build_proposers(model, self.vocab_size, self.sched_cfg.max_total_tokens,
+                                                              self.sched_cfg.max_num_batched_tokens, draft_model, heads)
         # V(n), a target forward over n rows relative to one (the cost model's): sizes learned heads' token trees;
         # None keeps num_speculative_tokens nodes
         self.row_cost: Callable[[int], float] | None = None
@@ -109,15 +101,17 @@ class LLMEngine:
         if len(prompt_ids) >= self.max_model_len:
             raise SpecDecError(f"the prompt is {len(prompt_ids)} tokens; the context window is {self.max_model_len} "
                                "tokens (the prompt and at least one new token must fit)")
-        if spec.method == "draft" and self.draft is None:
-            raise SpecDecError("speculative method 'draft' needs a draft model; none is loaded")
-        if spec.method in HEAD_METHODS and spec.method not in self.heads:
-            raise SpecDecError(f"speculative method '{spec.method}' needs its head loaded at start-up (the server's "
-                               f"--speculative-config method); loaded: {', '.join(self.heads) or 'none'}")
+        method = METHOD_TABLE[spec.method]
+        if method.kind not in ("plain", "policy") and spec.method not in self.proposers:
+            alike = [m for m in self.proposers if METHOD_TABLE[m].kind == method.kind]
+            raise SpecDecError(f"speculative method '{spec.method}' needs {method.needs}"
+                               + (f" (the server's --speculative-config method); loaded: {', '.join(alike) or 'none'}"
+                                  if method.kind == "head" else ""))
         k = spec.num_speculative_tokens or 0
         need = min(len(prompt_ids) + params.max_tokens, self.max_model_len) + k + 1
         if self.kv.extra_needed(-1, need) > self.sched_cfg.max_total_tokens:
-            raise SpecDecError(f"the request needs {need} KV positions; the KV cache holds {self.sched_cfg.max_total_tokens} "
+            raise SpecDecError(f"the request needs {need} KV positions; the KV cache holds "
+                               f"{self.sched_cfg.max_total_tokens} "
                                "(raise --max-total-tokens or lower max_tokens)")
         state = SpecState(spec.method, k, spec.prompt_lookup_max, spec.prompt_lookup_min, pool, spec.eagle_topk,
                           spec.num_steps or 0)
@@ -129,7 +123,7 @@ class LLMEngine:
             from ..sampling.grammar import Constraint
 
             seq.constraint = Constraint(params.structured_outputs, self.tokenizer)
-        if spec.method == "auto":
+        if method.kind == "policy":
             self._decide(seq)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -144,11 +138,12 @@ class LLMEngine:
                                                                    len(seq.prompt_ids)))
         sp.decision = d
         seq.stats.method, seq.stats.num_speculative_tokens, seq.stats.policy_reason = d.method, d.k, d.reason
-        if d.method == "none":
-            sp.method, sp.k = "none", 0
+        if METHOD_TABLE[d.method].kind == "plain":
+            sp.method, sp.k = d.method, 0
         else:   # the draft (when chosen) and prompt lookup side by side; the step controller picks per step
             sp.k = policy.cfg.k_max
-            sp.controller = policy.controller(d, sp.pool, p.temperature, len(seq.prompt_ids))
+            sp.controller = policy.controller(d, sp.pool, p.temperature, len(seq.prompt_ids),
+                                              (sp.prompt_lookup_max, sp.prompt_lookup_min))
 
     def abort(self, request_id: str) -> Sequence | None:
         """Stop a request now: its KV and draft state are freed before the next step. Returns it, if it ran."""
@@ -162,25 +157,26 @@ class LLMEngine:
         self._release_proposers(seq)
 
     def _release_proposers(self, seq: Sequence) -> None:
-        if self.draft is not None:
-            self.draft.release(seq.seq_id)
-        head = self._head_of(seq)
-        if head is not None:
-            self.heads[head].release(seq.seq_id)
+        for proposer in self.proposers.values():
+            proposer.release(seq.seq_id)
 
-    @staticmethod
-    def _drafts_with_model(seq: Sequence) -> bool:
-        """Will the draft model draft for this sequence (its method, or the draft auto's policy chose)?"""
+    def _uses(self, seq: Sequence) -> list[Proposer]:
+        """The proposers that may draft for this sequence (its method's, or those its step controller picks
+        among): they observe its verifications."""
         ctl = seq.spec.controller
-        return seq.spec.method == "draft" or (ctl is not None and ctl.model == "draft" and ctl.k > 0)
+        names = ctl.uses if ctl is not None else (seq.spec.method,)
+        return [self.proposers[n] for n in names if n in self.proposers]
 
-    def _head_of(self, seq: Sequence) -> str | None:
-        """The learned head drafting for this sequence (its method, or the one auto's policy chose), if any: that
-        head reads the sequence's hidden states at every step."""
-        if seq.spec.method in self.heads:
-            return seq.spec.method
+    def _drafter(self, seq: Sequence) -> str | None:
+        """The proposer drafting for this sequence now (its method, or the model auto's controller still runs): it
+        reads the sequence's prompt chunks."""
         ctl = seq.spec.controller
-        return ctl.model if ctl is not None and ctl.model in self.heads else None
+        return ctl.drafter if ctl is not None else seq.spec.method
+
+    def _reader(self, seq: Sequence) -> Proposer | None:
+        """The learned head among the sequence's proposers, if any: it reads the sequence's hidden states at every
+        step."""
+        return next((p for p in self._uses(seq) if p.target_hidden), None)
 
     # -- the step ---------------------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -204,7 +200,7 @@ class LLMEngine:
         try:
             plans = self._propose(decodes, batch.num_rows)
             t1 = time.perf_counter()
-            reads = lambda s: self._head_of(s) is not None          # noqa: E731 - a head reads this one's states
+            reads = lambda s: self._reader(s) is not None           # noqa: E731 - a head reads this one's states
             spans = [Span(self.kv.get(s.seq_id), s.num_computed, [s.token_ids[-1]] + p.draft.token_ids.tolist(), "all",
                           decode=True, hidden=reads(s), parents=p.draft.row_parents()) for s, p in zip(decodes, plans)]
             last_span = []                               # per prefill, the index of its last span
@@ -222,12 +218,14 @@ class LLMEngine:
                         owners.append(seq)
                 last_span.append(len(spans) - 1)
             layers = tuple(sorted({i for s in [*decodes, *(s for s, _ in prefills)] if reads(s)
-                                   for i in self.heads[self._head_of(s)].target_hidden}))
+                                   for i in self._reader(s).target_hidden}))
             logits, hidden = forward_spans(self.model, spans, layers) if layers else (forward_spans(self.model, spans),
                                                                                        [None] * len(spans))
-            if self.draft is not None:       # the draft model reads the same prompt chunks in the same step
-                self.draft.prefill([(s.seq_id, s.num_computed, s.token_ids[s.num_computed:s.num_computed + n])
-                                    for s, n in prefills if self._drafts_with_model(s)])
+            for name, proposer in self.proposers.items():   # a draft model reads the chunks in the same step
+                chunks = [(s.seq_id, s.num_computed, s.token_ids[s.num_computed:s.num_computed + n])
+                          for s, n in prefills if self._drafter(s) == name]
+                if chunks:
+                    proposer.prefill(chunks)
         except Exception as exc:  # noqa: BLE001 - the step's requests fail; the engine goes on
             return [self._fail(s, exc) for s in [*decodes, *(s for s, _ in prefills)]]
         self.last_step = StepInfo(len(decodes) + len(prefills), sum(len(s.token_ids) for s in spans),
@@ -236,7 +234,7 @@ class LLMEngine:
         sampling = [(s, p, lg) for s, p, lg in zip(decodes, plans, logits)]
         for seq, span, h in zip(owners[len(decodes):], spans[len(decodes):], hidden[len(decodes):]):
             if h is not None:                            # a prompt chunk's states: every row is committed
-                self.heads[self._head_of(seq)].accept_hidden(seq.seq_id, span.start, h)
+                self._reader(seq).accept_hidden(seq.seq_id, span.start, h)
         for (seq, n), lg in zip(prefills, (logits[i] for i in last_span)):
             seq.num_computed += n
             self.kv.commit(seq.seq_id, seq.num_computed)
@@ -256,8 +254,7 @@ class LLMEngine:
                 if plan is not None and hidden[j] is not None and not seq.finished:
                     # the newest token and the accepted drafts: the rows whose K/V the target kept
                     rows = slice(0, 1 + num_accepted) if kept is None else torch.tensor(kept)
-                    self.heads[self._head_of(seq)].accept_hidden(
-                        seq.seq_id, start, {i: h[rows] for i, h in hidden[j].items()})
+                    self._reader(seq).accept_hidden(seq.seq_id, start, {i: h[rows] for i, h in hidden[j].items()})
                 if seq.constraint is not None:
                     seq.constraint.commit(committed)
                 lps = None
@@ -278,7 +275,7 @@ class LLMEngine:
         V = self.vocab_size
         out: list = [None] * len(sampling)
         chains = []
-        for j, (seq, plan, lg) in enumerate(sampling):
+        for j, (_, plan, lg) in enumerate(sampling):
             if plan is None or plan.draft.parents is None:
                 chains.append(j)
                 continue
@@ -308,73 +305,61 @@ class LLMEngine:
         return apply_masks(logits, seq.constraint.row_masks(draft))
 
     def _propose(self, seqs: list[Sequence], rows: int) -> list[_Plan]:
-        """Each decoding sequence's draft for this step, by its own method and k."""
+        """Each decoding sequence's draft for this step, by its own method and k (method auto: what its step
+        controller picks, knowing the rows the step already carries)."""
         plans = [_Plan() for _ in seqs]
         budget = None
         # method auto under load: past the policy's max_load running sequences every step of theirs is plain (the
         # per-request gate, applied per step: a request admitted at low load stops drafting once the batch fills;
         # the draft model's catch-up forwards are not in the step budget, so it would underprice them)
         auto_off = self._policy is not None and len(seqs) > self._policy.cfg.max_load
-        to_draft: list[tuple[int, int]] = []            # (index, k) for the draft model
-        to_head: dict[str, list[tuple[int, int]]] = {}  # method -> (index, k) for a learned head
+        wanted: dict[str, list[tuple[int, int]]] = {}   # proposer -> (index, k): drafted together below
         # fixed methods first: their rows are part of what auto's sequences see in the budget
-        order = sorted(range(len(seqs)), key=lambda i: seqs[i].spec.method == "auto")
+        order = sorted(range(len(seqs)), key=lambda i: seqs[i].spec.controller is not None)
         for i in order:
             seq, sp, plan = seqs[i], seqs[i].spec, plans[i]
             room = min(sp.k, seq.room)
-            if seq.constraint is not None and sp.method != "none":
+            if room <= 0:
+                continue
+            if seq.constraint is not None:
                 forced = seq.constraint.forced(room)          # the grammar's next tokens: verified without drafting
                 if forced:
-                    plan.draft, plan.source = Draft(torch.tensor(forced, dtype=torch.long)), "forced"
+                    plan.draft, plan.source = Draft(torch.tensor(forced, dtype=torch.long)), FORCED
                     rows += len(forced)
                     continue
-            if room <= 0 or sp.method == "none" or (auto_off and sp.method == "auto"):
-                continue
-            if sp.method == "ngram":
-                guess = self.lookup_for(sp).match(seq.token_ids, room)[1]
-                if seq.constraint is not None:              # cut at the first token the grammar forbids
-                    guess = guess[:seq.constraint.valid_prefix(guess)]
-                plan.draft = Draft(torch.tensor(guess, dtype=torch.long))
-                rows += len(guess)
-            elif sp.method == "draft":
-                to_draft.append((i, room))
-                rows += room
-            elif sp.method in self.heads:
+            ctl, guess = sp.controller, None
+            if ctl is None:                                 # a fixed method
+                name, k = sp.method, room
                 if sp.topk > 1 and not tree_allowed(sp.topk, seq.params, seq.constraint):
-                    room = min(room, sp.depth)           # a tree request verified as a chain: the tree's depth
-                to_head.setdefault(sp.method, []).append((i, room))
-                rows += room
-            else:   # auto: the step controller picks the draft's k or the lookup guess, knowing the step's rows
+                    k = min(k, sp.depth)                    # a tree request verified as a chain: the tree's depth
+            elif auto_off:
+                continue
+            else:
                 if budget is None and self._policy is not None:
                     context = max(len(s.token_ids) for s in seqs)     # the longest attention prices the rows
                     budget = StepBudget(self._policy.cost.at(context), rows=rows, tokens=float(len(seqs)))
-                plan.match_len, plan.guess = self.lookup_for(sp).match(seq.token_ids, room)
-                if seq.constraint is not None:
-                    plan.guess = plan.guess[:seq.constraint.valid_prefix(plan.guess)]
-                plan.source, k = sp.controller.plan(plan.match_len, len(plan.guess), budget)
-                k = max(0, min(k, room))
-                if plan.source == "lookup":
-                    plan.draft = Draft(torch.tensor(plan.guess[:k], dtype=torch.long))
-                elif k > 0 and sp.controller.model in self.heads:
-                    to_head.setdefault(sp.controller.model, []).append((i, k))
-                elif k > 0 and self.draft is not None:
-                    to_draft.append((i, k))
-        for proposer, wanted in [(self.draft, to_draft), *((self.heads[m], w) for m, w in to_head.items())]:
-            if not wanted:
-                continue
-            ctxs = [ProposalContext(seqs[i].seq_id, seqs[i].token_ids, seqs[i].params, seqs[i].generator,
-                                    seqs[i].constraint, seqs[i].spec.topk, min(seqs[i].spec.depth, k), self.row_cost)
-                    for i, k in wanted]
-            for (i, _), ctx, draft in zip(wanted, ctxs, proposer.propose(ctxs, [k for _, k in wanted])):
+                name, k, guess = ctl.choose_step(seq.token_ids, room, seq.constraint, budget)
+            if guess is not None:                           # the controller's prompt-lookup guess, already made
+                plan.draft, plan.source = Draft(torch.tensor(guess, dtype=torch.long)), name
+                rows += len(guess)
+            elif k > 0 and name in self.proposers and self.proposers[name].free:
+                plan.draft, plan.source = self.proposers[name].propose([self._context(seq, k)], [k])[0], name
+                rows += len(plan.draft)
+            elif k > 0 and name in self.proposers:
+                wanted.setdefault(name, []).append((i, k))
+                rows += k
+        for name, asked in wanted.items():
+            ctxs = [self._context(seqs[i], k) for i, k in asked]
+            for (i, _), ctx, draft in zip(asked, ctxs, self.proposers[name].propose(ctxs, [k for _, k in asked])):
                 # only a greedy request without a grammar is verified as a tree (exactly: by argmax)
                 plans[i].draft = draft if draft.parents is None or ctx.tree else empty_draft()
+                plans[i].source = name
         return plans
 
-    def lookup_for(self, sp: SpecState) -> NgramProposer:
-        key = (sp.prompt_lookup_max, sp.prompt_lookup_min)
-        if key not in self._lookups:
-            self._lookups[key] = NgramProposer(*key)
-        return self._lookups[key]
+    def _context(self, seq: Sequence, k: int) -> ProposalContext:
+        sp = seq.spec
+        return ProposalContext(seq.seq_id, seq.token_ids, seq.params, seq.generator, seq.constraint, sp.topk,
+                               min(sp.depth, k), self.row_cost, sp.prompt_lookup_max, sp.prompt_lookup_min)
 
     def _commit(self, seq: Sequence, plan: _Plan | None, num_accepted: int, emitted: list[int],
                 t0: float, t1: float, t2: float) -> list[int]:
@@ -390,22 +375,17 @@ class LLMEngine:
         stats.draft_time_s += t1 - t0
         stats.verify_time_s += t2 - t1
         stats.observe_draft(num_draft, num_accepted)
-        if plan.source == "forced":
+        if plan.source == FORCED:
             stats.forced_steps += 1
             stats.forced_tokens += num_accepted
         ctl = seq.spec.controller
-        if ctl is not None and plan.source != "forced":
-            if plan.source == "lookup":
-                stats.lookup_steps += 1
-                matched = num_accepted
-            else:   # how the guess would have fared: its agreement with what the target committed
-                guess = plan.guess
-                matched = next((j for j, (g, e) in enumerate(zip(guess, emitted)) if g != e),
-                               min(len(guess), len(emitted)))
-            ctl.observe(plan.source, num_draft, num_accepted, plan.match_len, len(plan.guess), matched)
+        if ctl is not None and plan.source != FORCED:
+            ctl.observe_step(num_draft, num_accepted, emitted)
+            stats.lookup_steps = ctl.lookup_steps
         committed = seq.append(emitted)
-        if self.draft is not None and seq.spec.method in ("draft", "auto"):
-            self.draft.observe(VerifyResult(seq.seq_id, num_draft, num_accepted, len(seq.token_ids)))
+        result = VerifyResult(seq.seq_id, num_draft, num_accepted, len(seq.token_ids))
+        for proposer in self._uses(seq):
+            proposer.observe(result)
         return committed
 
     def _output(self, seq: Sequence, committed: list[int], logprobs=None) -> StepOutput:

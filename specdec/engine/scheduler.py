@@ -15,9 +15,8 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from .kv_manager import KVManager
+from ..models.kv_manager import KVManager
 from .sequence import Sequence
-
 
 # The default step-time target while streams decode. Each step also pays costs that do not shrink with its prompt
 # chunk (the streams' drafts and rows, a forward's fixed part), so a shorter target slows the long prompt itself: on

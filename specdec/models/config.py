@@ -35,12 +35,12 @@ class ModelConfig:
         return json.dumps(asdict(self), indent=1)
 
     @classmethod
-    def from_json_file(cls, path: Path) -> "ModelConfig":
+    def from_json_file(cls, path: Path) -> ModelConfig:
         data = json.loads(Path(path).read_text())
         return cls(**{f.name: data[f.name] for f in fields(cls)})
 
     @classmethod
-    def from_hf_config(cls, cfg: dict) -> "ModelConfig":
+    def from_hf_config(cls, cfg: dict) -> ModelConfig:
         arch = cfg.get("model_type", "llama")
         if arch not in ("qwen2", "llama"):
             raise ValueError(f"unsupported model_type '{arch}' (supported: qwen2, llama)")

@@ -9,28 +9,19 @@ other devices, or without the extension, the eager code below runs. Both compute
 """
 from __future__ import annotations
 
-import importlib
-
 import torch
 import torch.nn.functional as F
 
 from .attn_metadata import AttnMetadata
+from .quantization.kernels import extension
 
-_ext = None
 _FUSED_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def _ops():
     """specdec._C when it has the fused ops, else None (bf16/fp32 models then run the eager code)."""
-    global _ext
-    if _ext is None:
-        try:
-            _ext = importlib.import_module("specdec._C")
-        except ImportError:
-            _ext = False
-        if _ext is not False and not hasattr(_ext, "rms_norm"):
-            _ext = False
-    return _ext or None
+    ext = extension()
+    return ext if ext is not None and hasattr(ext, "rms_norm") else None
 
 
 def fused_available(t: torch.Tensor) -> bool:

@@ -52,7 +52,7 @@ class EagleConfig:
                            self.rms_norm_eps, self.max_position_embeddings, self.attention_bias, False)
 
     @classmethod
-    def from_hf(cls, cfg: dict, target: ModelConfig, fc_bias: bool) -> "EagleConfig":
+    def from_hf(cls, cfg: dict, target: ModelConfig, fc_bias: bool) -> EagleConfig:
         heads = cfg["num_attention_heads"]
         model_type = cfg.get("model_type", "llama") if cfg.get("model_type") in ("llama", "qwen2") else "llama"
         return cls(hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],

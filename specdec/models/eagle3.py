@@ -59,7 +59,7 @@ class Eagle3Config:
                            self.max_position_embeddings, False, False)
 
     @classmethod
-    def from_hf(cls, cfg: dict, target: ModelConfig) -> "Eagle3Config":
+    def from_hf(cls, cfg: dict, target: ModelConfig) -> Eagle3Config:
         """config.json of an EAGLE-3 head (vLLM/SGLang's keys); aux layers default to vLLM's choice."""
         heads = cfg["num_attention_heads"]
         eagle = cfg.get("eagle_config") or {}

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import SpecDecError
+from ..gguf_file import field
 from .config import ModelConfig
 
 SUPPORTED_ARCHS = ("qwen2", "llama")
@@ -30,22 +31,6 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-
-
-def open_gguf(path):
-    import gguf
-
-    try:
-        return gguf.GGUFReader(str(path))
-    except Exception as exc:  # the gguf package raises many kinds on a truncated or foreign file
-        raise SpecDecError(f"cannot read GGUF file {path}: {exc.__class__.__name__}: {exc}") from None
-
-
-def field(reader, key, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
 
 
 def gguf_config(reader) -> ModelConfig:
@@ -97,7 +82,7 @@ def dequantize(tensor) -> np.ndarray:
     return out.reshape(shape)
 
 
-def iter_hf_tensors(reader, cfg: ModelConfig) -> Iterator[tuple[str, "object"]]:
+def iter_hf_tensors(reader, cfg: ModelConfig) -> Iterator[tuple[str, object]]:
     """Yield (hf_name, lazy tensor handle) for every tensor we use; callers dequantize."""
     for t in reader.tensors:
         if t.name in _GLOBAL_NAMES:

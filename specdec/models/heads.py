@@ -16,23 +16,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..config import HEAD_METHODS, METHOD_TABLE  # noqa: F401 - HEAD_METHODS: importers of models.heads
 from ..errors import SpecDecError
 from .config import ModelConfig
 from .eagle1 import EagleConfig, EagleHead
 from .eagle3 import Eagle3Config, Eagle3Head
 from .medusa import MedusaConfig, MedusaHeads
-
-HEAD_METHODS = ("eagle3", "eagle", "medusa")
-TRAINABLE = ("eagle3", "medusa")          # what `specdec train-head` trains (EAGLE-1/2 heads are loaded)
 
 
 @dataclass
@@ -51,7 +49,7 @@ def shipped_head(method: str, target_name: str) -> Path:
     path = SHIPPED / target_name / method
     if not (path / "config.json").is_file():
         have = sorted(f"{p.parent.name}/{p.name}" for p in SHIPPED.glob("*/*") if (p / "config.json").is_file())
-        train = f", or train one with `specdec train-head --method {method}`" if method in TRAINABLE else ""
+        train = f", or train one with `specdec train-head --method {method}`" if METHOD_TABLE[method].trainable else ""
         raise SpecDecError(f"no {method} head ships for target '{target_name}' (shipped: {', '.join(have) or 'none'}); "
                            f"pass a head directory as the speculative config's model{train}")
     return path
@@ -300,7 +298,7 @@ def pack_head(module: nn.Module, quantization: str | None = None) -> str:
     else:
         def make(child: nn.Linear) -> nn.Module:
             return pack_linear(child.weight.data, None if child.bias is None else child.bias.data)
-    for name, m in list(module.named_modules()):
+    for m in list(module.modules()):
         for child_name, child in list(m.named_children()):
             if isinstance(child, nn.Linear) and (scheme != "none" or can_pack(child.weight)):
                 setattr(m, child_name, make(child))
@@ -342,13 +340,13 @@ def hf_state(module: nn.Module, method: str) -> dict[str, torch.Tensor]:
 
 
 def quantize_int8_rows(state: dict[str, torch.Tensor], min_numel: int = 1024) -> dict[str, torch.Tensor]:
-    """2-D float weights -> int8 + per-row scale (symmetric, round to nearest); small and 1-D tensors unchanged."""
+    """2-D float weights -> int8 + per-row fp32 scale (quant.quantize_rows_int8); small and 1-D tensors unchanged."""
+    from .quant import quantize_rows_int8
+
     out = {}
     for name, t in state.items():
         if t.is_floating_point() and t.dim() == 2 and t.numel() >= min_numel and name.endswith(".weight"):
-            scale = t.float().abs().amax(1).clamp(min=1e-12) / 127
-            out[name] = torch.round(t.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)
-            out[name + "_scale"] = scale.to(torch.float32)
+            out[name], out[name + "_scale"] = quantize_rows_int8(t)
         else:
             out[name] = t
     return out

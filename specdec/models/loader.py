@@ -73,7 +73,8 @@ def resolve_source(spec: str, progress: bool = True) -> tuple[str, Path]:
         return path.name, path.resolve()
     if "/" in spec or spec.endswith(".gguf"):
         raise SpecDecError(f"model file or directory not found: {spec}")
-    raise SpecDecError(f"unknown model '{spec}' (built-in: {', '.join(BUILTIN_MODELS)}; or a .gguf path / HF directory)")
+    raise SpecDecError(f"unknown model '{spec}' (built-in: {', '.join(BUILTIN_MODELS)}; "
+                       "or a .gguf path / HF directory)")
 
 
 GGUF_FLOAT_FILE_TYPES = (0, 1, 32)     # llama.cpp's file_type ALL_F32, MOSTLY_F16, MOSTLY_BF16: not block-quantized
@@ -94,7 +95,7 @@ def default_quantization(spec: str, device: str | torch.device | None = None, pr
     _, path = resolve_source(spec, progress=progress)
     if not path.is_file() or not vector_kernel(4):
         return "none"
-    from .gguf_weights import field, open_gguf
+    from ..gguf_file import field, open_gguf
 
     file_type = field(open_gguf(path), "general.file_type")
     return "none" if file_type is None or int(file_type) in GGUF_FLOAT_FILE_TYPES else "int4"
@@ -155,7 +156,8 @@ def _fuse(hf: dict, cfg: ModelConfig, dtype: torch.dtype) -> dict:
         out[q + "post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight").to(dtype)
         out[q + "self_attn.qkv_proj.weight"] = cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
         if cfg.attention_bias:
-            out[q + "self_attn.qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]).to(dtype)
+            out[q + "self_attn.qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{n}_proj.bias")
+                                                             for n in "qkv"]).to(dtype)
         out[q + "self_attn.o_proj.weight"] = cast(take(p + "self_attn.o_proj.weight"))
         out[q + "mlp.gate_up_proj.weight"] = cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
         out[q + "mlp.down_proj.weight"] = cast(take(p + "mlp.down_proj.weight"))
@@ -165,7 +167,8 @@ def _fuse(hf: dict, cfg: ModelConfig, dtype: torch.dtype) -> dict:
 def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = False, int4_exact: bool = True):
     from tqdm import tqdm
 
-    from .gguf_weights import dequantize_hf, gguf_config, iter_hf_tensors, open_gguf
+    from ..gguf_file import open_gguf
+    from .gguf_weights import dequantize_hf, gguf_config, iter_hf_tensors
     from .quantization.gguf_blocks import codes_for_int4
 
     reader = open_gguf(path)

@@ -26,7 +26,7 @@ class MedusaConfig:
         self.truncated_vocab_size = self.truncated_vocab_size or self.vocab_size
 
     @classmethod
-    def from_hf(cls, cfg: dict) -> "MedusaConfig":
+    def from_hf(cls, cfg: dict) -> MedusaConfig:
         return cls(hidden_size=cfg["hidden_size"], vocab_size=cfg["vocab_size"],
                    num_heads=cfg.get("num_heads") or cfg["medusa_num_heads"],
                    num_layers=cfg.get("num_hidden_layers") or cfg.get("medusa_num_layers", 1),

@@ -10,13 +10,27 @@ import torch
 from torch import nn
 
 
+def quantize_rows_int8(w: torch.Tensor, scale_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [R, C] -> (codes int8 [R, C], scale [R] in scale_dtype): symmetric per row, round to nearest.
+
+    scale = amax / 127, rounded to scale_dtype first; codes = round(w / scale) in -127..127 against that rounded
+    scale, so codes * scale is the represented value. An all-zero row gets scale 0 and codes 0. The one int8
+    rounding rule of the package: Int8Linear (a row per output channel), int8 head files (models/heads.py) and
+    Q8_0-shaped blocks (quantization/blocks.py: a row per group of 32, fp16 scales) all use it.
+    """
+    w = w.float()
+    scale = (w.abs().amax(-1) / 127).to(scale_dtype)                          # [R]
+    step = scale.float()[:, None]
+    codes = torch.where(step > 0, torch.round(w / step.clamp(min=1e-30)), torch.zeros_like(w)).clamp(-127, 127)
+    return codes.to(torch.int8), scale
+
+
 class Int8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, act_dtype: torch.dtype):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        w = weight.float()
-        scales = w.abs().amax(dim=1).clamp_min(1e-8) / 127.0                     # [out]
-        self.weight_int8 = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        codes, scales = quantize_rows_int8(weight)                               # [out, in], [out]
+        self.weight_int8 = codes.contiguous()
         self.scales = scales.to(act_dtype)
         self.bias = None if bias is None else bias.detach().to(act_dtype).clone()
         self.act_dtype = act_dtype

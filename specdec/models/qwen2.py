@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
-from .attn_metadata import AttnMetadata
-from .kv_cache import SeqKV
 from . import cpu_ops
+from .attn_metadata import AttnMetadata
+from .config import ModelConfig
+from .kv_cache import SeqKV
 
 
 class RMSNorm(nn.Module):
@@ -32,7 +32,8 @@ class RMSNorm(nn.Module):
 
 def rope_tables(cfg: ModelConfig, max_positions: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables  # [max_positions, head_dim], fp32 (NeoX/HF half-split layout)."""
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64, device=device) / cfg.head_dim))
+    even = torch.arange(0, cfg.head_dim, 2, dtype=torch.float64, device=device)
+    inv_freq = 1.0 / (cfg.rope_theta ** (even / cfg.head_dim))
     t = torch.arange(max_positions, dtype=torch.float64, device=device)
     freqs = torch.outer(t, inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)
@@ -104,20 +105,13 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self._rope_len = 0
-        # Batch-invariant decoding (set by pack_for_cpu): attention runs over at least `min_query_rows`
-        # query rows (zero-padded) and over keys padded with masked entries to a multiple of
+        self._rope = RopeCache(cfg)
+        # Batch-invariant decoding (set by quantization.quantize_model for bf16 on CPU): attention runs over at
+        # least `min_query_rows` query rows (zero-padded) and over keys padded with masked entries to a multiple of
         # `key_block`, so a one-token step and a (k+1)-token verification forward take the same kernel
         # paths and give bit-identical logits per row (measured on oneDNN / CPU flash attention).
         self.min_query_rows = 1
         self.key_block = 1
-
-    def _rope(self, needed: int, device):
-        if needed > self._rope_len:  # grow in powers of two; rebuilt rarely
-            size = max(4096, 1 << (needed - 1).bit_length())
-            self._cos, self._sin = rope_tables(self.config, size, device)
-            self._rope_len = size
-        return self._cos, self._sin   # [P, D] each
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnMetadata,
@@ -148,18 +142,6 @@ class Transformer(nn.Module):
         if self.lm_head is None:
             return F.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
-
-    def pack_for_cpu(self) -> None:
-        """Pre-pack linear weights for oneDNN (CPU only; a no-op elsewhere). Tied heads get their own copy."""
-        from .quantization import quantize_model
-
-        quantize_model(self, "none")
-
-    def quantize_int8(self) -> None:
-        """Weight-only int8 for every linear, the output head included (CPU)."""
-        from .quantization import quantize_model
-
-        quantize_model(self, "int8")
 
     def weight_nbytes(self) -> int:
         """Bytes of weights held, packed and int8 linears included."""

@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpecDecError
+from ..utils import atomic_path
 
 
 @dataclass(frozen=True)
@@ -106,9 +106,8 @@ def assemble(model: BuiltinModel, progress: bool = True) -> Path:
     from tqdm import tqdm
 
     digest = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{model.file_name}.", suffix=".partial", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as out, tqdm(
+    with atomic_path(dest, suffix=".partial") as tmp:  # the final name appears only for a verified file
+        with open(tmp, "wb") as out, tqdm(
             total=total, unit="B", unit_scale=True, desc=f"assembling {model.name}", disable=not progress
         ) as bar:
             for part in parts:
@@ -124,11 +123,4 @@ def assemble(model: BuiltinModel, progress: bool = True) -> Path:
                 f"model '{model.name}': sha256 mismatch after assembly "
                 f"(got {digest.hexdigest()[:16]}..., expected {model.sha256[:16]}...); reinstall the part packages"
             )
-        os.replace(tmp_name, dest)  # atomic: the final name appears only for a verified file
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
     return dest

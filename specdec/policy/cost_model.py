@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..config import METHOD_TABLE
+
 
 def expected_tokens(alpha: float, k: int) -> float:
     """Mean tokens committed per target forward (accepted drafts + the recovered or bonus token)."""
@@ -79,10 +81,6 @@ class CostModel:
         slope = max(0.0, (v1 - v0) / (n1 - n0)) if n1 > n0 else 0.0
         return v1 + slope * (n - n1)
 
-    @property
-    def max_k(self) -> int:
-        return len(self.verify) - 1
-
     def to_dict(self) -> dict:
         return {"draft_step": self.draft_step, "verify": list(self.verify), "verify_large": self.verify_large,
                 "lookup": self.lookup, "target_step_s": self.target_step_s, "source": self.source,
@@ -92,7 +90,7 @@ class CostModel:
                 "draft_prefill_s": self.draft_prefill_s}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CostModel":
+    def from_dict(cls, d: dict) -> CostModel:
         return cls(float(d["draft_step"]), [float(v) for v in d["verify"]], d.get("verify_large", []),
                    float(d.get("lookup", 0.0)), float(d.get("target_step_s", 0.0)), d.get("source", "cache"),
                    {m: [float(x) for x in c] for m, c in d.get("heads", {}).items()}, int(d.get("context", 256)),
@@ -100,7 +98,7 @@ class CostModel:
                    float(d.get("draft_step_long", 0.0)), float(d.get("target_step_long_s", 0.0)),
                    float(d.get("draft_prefill_s", 0.0)))
 
-    def at(self, context: int) -> "CostModel":
+    def at(self, context: int) -> CostModel:
         """The cost model of a step after `context` tokens: V(n) and c interpolated linearly in the context between
         the two measured contexts, extrapolated past the long one up to twice its distance (attention grows
         linearly with the context; further out the line is a guess, so it stops there). Below the short context,
@@ -113,7 +111,7 @@ class CostModel:
             self._by_context[context] = self._at(context)
         return self._by_context[context]
 
-    def _at(self, context: int) -> "CostModel":
+    def _at(self, context: int) -> CostModel:
         span = self.long_context - self.context
         w = min(2.0, (context - self.context) / span)
         n = min(len(self.verify), len(self.verify_long))
@@ -143,11 +141,12 @@ def prefill_pays(cost: CostModel, context: int, max_tokens: int, speedup: float)
 
 def proposal_cost(method: str, k: int, cost: CostModel) -> float:
     """Time spent proposing k tokens, in target-step units: k draft steps, one n-gram lookup, or a head's steps."""
-    if method == "draft":
+    kind = METHOD_TABLE[method].kind if method in METHOD_TABLE else None
+    if kind == "model":
         return k * cost.draft_step
-    if method == "ngram":
+    if kind == "lookup":
         return cost.lookup
-    if method in cost.heads:
+    if kind == "head" and method in cost.heads:
         first, further = cost.heads[method]
         return first + max(k - 1, 0) * further if k > 0 else 0.0
     raise ValueError(f"no cost model for method '{method}'")

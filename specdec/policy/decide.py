@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import K_MAX, K_MIN
+from ..config import K_MAX, K_MIN, METHOD_TABLE, MODEL_METHODS
+from ..proposers.ngram import find_ngram_match
 from .cost_model import CostModel, StepBudget, best_k, expected_tokens, prefill_pays
+
+LOOKUP = next(m.name for m in METHOD_TABLE.values() if m.kind == "lookup")    # prompt lookup's proposer
 
 
 @dataclass
@@ -20,8 +23,8 @@ class PolicyConfig:
     window: int = 16                  # pool window, in speculative requests
     min_window_tokens: int = 24       # draft tokens a window needs before the pool can be judged
     probe_fraction: float = 0.1       # share of a disabled pool's requests that still speculate, to re-test it
-    prior_alpha: dict = field(default_factory=lambda: {"draft": 0.8, "ngram": 0.3, "eagle3": 0.5, "eagle": 0.5,
-                                                                  "medusa": 0.4})
+    prior_alpha: dict = field(default_factory=lambda: {m.name: m.prior_alpha for m in METHOD_TABLE.values()
+                                                        if m.prior_alpha is not None})
                                       # acceptance before any observation
     explore_requests: int = 1         # requests per (pool, temperature bucket) each method gets before exploiting
 
@@ -41,9 +44,6 @@ class RequestFeatures:
     max_tokens: int = 256
     load: int = 0                     # running + waiting requests when this one arrives
     context: int = 0                  # prompt tokens: rows and draft steps cost more after a long context
-
-
-MODEL_METHODS = ("draft", "eagle3", "eagle", "medusa")   # proposers that cost time per draft token (not prompt lookup)
 
 
 @dataclass
@@ -160,7 +160,7 @@ class StepController:
 
     def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig,
                  lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[float, float, float]] | None = None,
-                 use_lookup: bool = True):
+                 use_lookup: bool = True, lookup: tuple[int, int] = (4, 1)):
         self.model = method if method in MODEL_METHODS else "draft"   # the model proposer: draft model or a head
         self.k = k if method in MODEL_METHODS else 0      # method "ngram": lookup alone, no draft steps
         self.cost, self.cfg = cost, cfg
@@ -176,6 +176,18 @@ class StepController:
         self.lookup_proposed = 0
         self.lookup_guesses = 0                           # steps that had a guess (undecayed, for the pool)
         self.lookup_steps = 0                             # steps that verified a lookup guess
+        self.lookup = lookup                              # the request's prompt_lookup_max, prompt_lookup_min
+        self._last: tuple[str, int, list[int]] = ("draft", 0, [])   # this step's (source, match length, guess)
+
+    @property
+    def uses(self) -> tuple[str, ...]:
+        """The proposers this request may draft with: its model proposer, and prompt lookup."""
+        return (self.model, LOOKUP) if self.use_lookup else (self.model,)
+
+    @property
+    def drafter(self) -> str | None:
+        """The model proposer while it still drafts (k > 0): it must read the request's prompt."""
+        return self.model if self.k else None
 
     @property
     def alpha(self) -> float:
@@ -205,10 +217,6 @@ class StepController:
         props, proposed, accepted = own[0] + pp, own[1] + pd, own[2] + pa
         return effective_alpha(1 + accepted / props, max(1, round(proposed / props)))
 
-    def lookup_estimate(self, n: int, length: int) -> tuple[int, float]:
-        """(tokens worth verifying, expected speedup of that step) for a lookup guess, one sequence alone."""
-        return best_k("ngram", self.lookup_alpha_for(n, length), self.cost, length)
-
     def plan(self, n: int, lookup_len: int, budget: StepBudget | None = None) -> tuple[str, int]:
         """("lookup", tokens of the guess to verify) or ("draft", k); ("draft", 0) is a plain step.
 
@@ -227,6 +235,34 @@ class StepController:
         source, k, _, alpha = choice
         budget.add("ngram" if source == "lookup" else self.model, alpha, k)
         return source, k
+
+    def choose_step(self, token_ids: list[int], room: int, constraint, budget: StepBudget | None
+                    ) -> tuple[str, int, list[int] | None]:
+        """Before a step: (proposer, k, guess): prompt lookup with its guess's tokens to verify, or the model
+        proposer and its k (guess None; k 0 is a plain step). The guess is scored after the step (observe_step)
+        whichever ran. A grammar cuts the guess at its first forbidden token."""
+        n, guess = self.guess(token_ids, room) if room > 0 else (0, [])
+        if constraint is not None:
+            guess = guess[:constraint.valid_prefix(guess)]
+        source, k = self.plan(n, len(guess), budget)
+        k = max(0, min(k, room))
+        self._last = (source, n, guess)
+        return (LOOKUP, k, guess[:k]) if source == "lookup" else (self.model, k, None)
+
+    def guess(self, token_ids: list[int], room: int) -> tuple[int, list[int]]:
+        """Prompt lookup's guess: (matched n-gram length, up to `room` tokens)."""
+        return find_ngram_match(token_ids, room, *self.lookup)
+
+    def observe_step(self, num_draft: int, num_accepted: int, emitted: list[int]) -> None:
+        """After verifying the step choose_step planned (or a plain step): `observe` with how its guess fared
+        against the tokens the target committed."""
+        source, n, guess = self._last
+        self._last = ("draft", 0, [])
+        if source == "lookup":
+            matched = num_accepted
+        else:   # how the guess would have fared: its agreement with what the target committed
+            matched = next((j for j, (g, e) in enumerate(zip(guess, emitted)) if g != e), min(len(guess), len(emitted)))
+        self.observe(source, num_draft, num_accepted, n, len(guess), matched)
 
     def observe(self, source: str, num_draft: int, num_accepted: int, n: int = 0, lookup_len: int = 0,
                 lookup_matched: int = 0) -> None:

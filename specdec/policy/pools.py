@@ -17,8 +17,16 @@ import threading
 from dataclasses import dataclass, field
 
 from .cost_model import CostModel
-from .decide import (Decision, PolicyConfig, RequestFeatures, StepController, choose, effective_alpha, prior_alpha,
-                     temperature_bucket)
+from .decide import (
+    Decision,
+    PolicyConfig,
+    RequestFeatures,
+    StepController,
+    choose,
+    effective_alpha,
+    prior_alpha,
+    temperature_bucket,
+)
 
 log = logging.getLogger("specdec.policy")
 
@@ -132,7 +140,8 @@ class Pool:
 class SpeculationPolicy:
     """`decide()` per request, `controller()` for adaptive k, `record()` when it finishes. Thread-safe."""
 
-    def __init__(self, cost: CostModel, cfg: PolicyConfig | None = None, available: tuple[str, ...] = ("ngram", "draft"),
+    def __init__(self, cost: CostModel, cfg: PolicyConfig | None = None,
+                 available: tuple[str, ...] = ("ngram", "draft"),
                  on_pool_change=None):
         self.cost = cost
         self.cfg = cfg or PolicyConfig()
@@ -179,7 +188,8 @@ class SpeculationPolicy:
                     return d                 # the draft cannot pay for reading this prompt: nothing to learn here
                 k = e.k or 1
                 return Decision(m, k, e.expected_speedup, f"exploring {m} k={k} in pool '{pool_name}' "
-                                f"({bucket}): no observation yet", e.alpha or prior_alpha(m, features.temperature, self.cfg))
+                                f"({bucket}): no observation yet",
+                                e.alpha or prior_alpha(m, features.temperature, self.cfg))
             return d
         if unit_hash(request_id, "probe") < self.cfg.probe_fraction:
             # a probe asks whether speculation pays again: judge it from the priors, not the stale window
@@ -193,7 +203,8 @@ class SpeculationPolicy:
                                         f"{acc if acc is not None else 0:.2f} < {self.cfg.min_acceptance}", acc)
 
     def controller(self, decision: Decision, pool_name: str = "default",
-                   temperature: float = 0.0, context: int = 0) -> StepController | None:
+                   temperature: float = 0.0, context: int = 0, lookup: tuple[int, int] = (4, 1)
+                   ) -> StepController | None:
         """The step controller of a speculative request: the draft (when chosen) with the decision's k, prompt
         lookup with the pool's record for this temperature as its prior; priced at the request's context."""
         if decision.method == "none":
@@ -203,7 +214,7 @@ class SpeculationPolicy:
         lookup_alpha = pool.estimate("ngram", bucket)
         return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost.at(context), self.cfg,
                               lookup_alpha if lookup_alpha is not None else prior_alpha("ngram", temperature, self.cfg),
-                              pool.lookup_prior(bucket), use_lookup="ngram" in self.available)
+                              pool.lookup_prior(bucket), use_lookup="ngram" in self.available, lookup=lookup)
 
     def record(self, pool_name: str, decision: Decision, temperature: float, stats,
                controller: StepController | None = None) -> None:

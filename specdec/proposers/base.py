@@ -28,6 +28,8 @@ class ProposalContext:
     depth: int = 0                         # ... and go this deep (0: k)
     # V(n), the target's forward over n rows relative to one (measured): sizes a tree; None: k nodes
     row_cost: Callable[[int], float] | None = None
+    prompt_lookup_max: int = 4             # prompt lookup: the request's n-gram sizes (vLLM's names)
+    prompt_lookup_min: int = 1
 
     @property
     def tree(self) -> bool:
@@ -76,6 +78,9 @@ class VerifyResult:
 
 class Proposer(ABC):
     name: str = "base"
+    # proposes without a forward (prompt lookup): the engine asks it while it plans the step, so the step's rows are
+    # known before method auto's sequences choose theirs
+    free: bool = False
 
     @abstractmethod
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
@@ -105,14 +110,6 @@ class Proposer(ABC):
     @property
     def cache_bytes(self) -> int:
         return 0
-
-
-class NoProposer(Proposer):
-    """`none`: plain decoding through the same engine; every step is a k=0 step."""
-    name = "none"
-
-    def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
-        return [empty_draft() for _ in ctxs]
 
 
 def empty_draft() -> Draft:

@@ -49,7 +49,7 @@ class DraftModelProposer(Proposer):
     def __init__(self, model: Transformer, vocab_size: int, kv, catchup_budget: int = 512):
         self.model = model
         self.vocab_size = vocab_size                 # compare on the shared vocabulary
-        self.kv = kv                                 # engine.kv_manager.KVManager over the draft model
+        self.kv = kv                                 # models.kv_manager.KVManager over the draft model
         self.catchup_budget = catchup_budget
 
     @torch.inference_mode()

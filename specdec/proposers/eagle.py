@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.kv_manager import KVManager
 from ..models.attn_metadata import causal_metadata, tree_keys
 from ..models.eagle3 import Eagle3Head
+from ..models.kv_manager import KVManager
 from .base import Draft, ProposalContext, Proposer, empty_draft, head_draft_token
 from .tree import TreeBuilder
 
@@ -169,7 +169,7 @@ class Eagle3Proposer(Proposer):
             attn = causal_metadata(spans, device=device)
             h = self.head(self.embed(torch.tensor(toks, dtype=torch.long, device=device)), torch.stack(gs),
                           torch.tensor(positions, device=device), attn)              # [rows, H]
-            for (kv, start, t, *_), (s, _) in zip(spans, grow):
+            for (_, start, t, *_), (s, _) in zip(spans, grow):
                 self.kv.commit(feeds[s][4], start + t)
             top = self._top(h, [builders[s].topk for s, _ in rows])
             for (s, node), (lp, tok), h_row in zip(rows, top, h):

@@ -1,10 +1,7 @@
 """One factory for the learned heads' proposers (the engine builds them from the loaded head modules)."""
 from __future__ import annotations
 
-from ..models.heads import HEAD_METHODS
 from .base import Proposer
-
-__all__ = ["HEAD_METHODS", "make_head_proposer"]
 
 
 def make_head_proposer(method: str, head, target, vocab_size: int, max_total_tokens: int) -> Proposer:

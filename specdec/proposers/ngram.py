@@ -36,16 +36,16 @@ def find_ngram_match(token_ids: list[int] | np.ndarray, k: int, max_n: int, min_
 
 
 class NgramProposer(Proposer):
+    """Prompt lookup with each request's own n-gram sizes (ProposalContext.prompt_lookup_max/min); a constrained
+    request's guess is cut at the first token its grammar forbids."""
     name = "ngram"
-
-    def __init__(self, prompt_lookup_max: int = 4, prompt_lookup_min: int = 1):
-        if not 1 <= prompt_lookup_min <= prompt_lookup_max:
-            raise ValueError(f"need 1 <= prompt_lookup_min ({prompt_lookup_min}) <= prompt_lookup_max ({prompt_lookup_max})")
-        self.max_n, self.min_n = prompt_lookup_max, prompt_lookup_min
-
-    def match(self, token_ids: list[int], k: int) -> tuple[int, list[int]]:
-        """(matched n-gram length, up to k continuation tokens); (0, []) when nothing matches."""
-        return find_ngram_match(token_ids, k, self.max_n, self.min_n) if k > 0 else (0, [])
+    free = True
 
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
-        return [Draft(torch.tensor(self.match(c.token_ids, k)[1], dtype=torch.long), None) for c, k in zip(ctxs, ks)]
+        out = []
+        for c, k in zip(ctxs, ks):
+            guess = find_ngram_match(c.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min)[1] if k > 0 else []
+            if c.constraint is not None:
+                guess = guess[:c.constraint.valid_prefix(guess)]
+            out.append(Draft(torch.tensor(guess, dtype=torch.long)))
+        return out

@@ -27,7 +27,6 @@ import torch
 
 from ..errors import SpecDecError
 
-
 # JSON as json.dumps writes it (", " and ": ", no other whitespace): what models write anyway, and it lets the
 # grammar force more of the text; a schema's own "x-guidance" options override it
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -61,7 +60,7 @@ class StructuredOutputs:
         return llg.LLMatcher.grammar_from_regex(self.regex)
 
 
-_ll_tokenizers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # our Tokenizer -> llguidance's
+_ll_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # our Tokenizer -> llguidance's
 _lock = threading.Lock()
 
 

@@ -15,16 +15,28 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..config import SpeculativeConfig
+from ..config import HEAD_METHODS, SpeculativeConfig
 from ..errors import SpecDecError
-from ..models.heads import HEAD_METHODS
 from ..policy.pools import rollout_arm
 from ..sampling.grammar import check_grammar
 from .async_engine import AsyncEngine, QueueFull, RequestAborted, RequestHandle
 from .middleware import BearerAuth, HeaderGuard, RequestGuard
+from .protocol import (
+    ROLES,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    completion_logprobs,
+    error_body,
+    logprobs_content,
+    new_id,
+    now,
+    seed_scope,
+    shown,
+    speculative_stats,
+    usage,
+)
 from .tools import ToolStream, parse_tool_calls, template_messages
-from .protocol import (ROLES, APIError, ChatCompletionRequest, CompletionRequest, completion_logprobs, error_body,
-                       logprobs_content, new_id, now, seed_scope, shown, speculative_stats, usage)
 
 log = logging.getLogger("specdec.server")
 RETRY_AFTER_S = 1

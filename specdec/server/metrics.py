@@ -32,7 +32,8 @@ class ServerMetrics:
                                   registry=r).labels(**lbl)
         self.verify_time = Counter("specdec:spec_decode_verify_time_seconds", "Time spent in target forwards",
                                    names, registry=r).labels(**lbl)
-        self.prompt_tokens = Counter("specdec:prompt_tokens", "Prompt tokens processed", names, registry=r).labels(**lbl)
+        self.prompt_tokens = Counter("specdec:prompt_tokens", "Prompt tokens processed", names,
+                                     registry=r).labels(**lbl)
         self.generation_tokens = Counter("specdec:generation_tokens", "Tokens generated", names,
                                          registry=r).labels(**lbl)
         self._success = Counter("specdec:request_success", "Finished requests", names + ["finished_reason"], registry=r)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from typing import Callable
+from collections.abc import Callable
 
 from fastapi.responses import JSONResponse
 
@@ -125,7 +125,7 @@ async def _discard_body(receive, size: int) -> None:
             return
         try:
             message = await asyncio.wait_for(receive(), left)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return
         if message["type"] != "http.request":
             return

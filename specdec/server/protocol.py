@@ -129,7 +129,7 @@ class _Sampling(BaseModel):
             raise _unsupported("modalities", "modalities other than [\"text\"] are")
 
     @functools.cached_property
-    def tool_mode(self) -> "ToolMode | None":
+    def tool_mode(self) -> ToolMode | None:
         """What the request's tools ask (computed once; errors are raised on every access). Completions take no
         tools: chat completions override this."""
         if self.tools:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from ..errors import SpecDecError
 from .async_engine import QueueFull, RequestAborted, warm_tokenizer
+from .launch import build_engine, examples, parse_speculative_config, server_state
 from .metrics import merge_labelled
 
 log = logging.getLogger("specdec.server")
@@ -71,8 +72,6 @@ class EngineReplica:
 
     async def __init__(self, args):
         from ray import serve
-
-        from .serve import build_engine
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.engine, self.name = await asyncio.to_thread(build_engine, args)
@@ -128,7 +127,7 @@ class EngineReplica:
 class RemoteHandle:
     """The app's request handle for a request decoded on a replica (same surface as RequestHandle)."""
 
-    def __init__(self, gen, accepted: Accepted, client: "RayEngineClient"):
+    def __init__(self, gen, accepted: Accepted, client: RayEngineClient):
         self._gen = gen
         self.replica = accepted.replica
         self.pid = accepted.pid
@@ -308,7 +307,6 @@ class Ingress:
 
     def __serve_build_asgi_app__(self):
         from .app import create_app
-        from .serve import parse_speculative_config, server_state
 
         a = self._args
         client = RayEngineClient(self._engine_handle, parse_speculative_config(a.speculative_config), a.max_queued)
@@ -412,7 +410,6 @@ def run_ray_server(args) -> int:
         from ray import serve
     except ImportError:
         raise SpecDecError("--replicas needs Ray Serve: pip install 'specdec[ray]'") from None
-    from .serve import examples
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(args)

@@ -40,11 +40,11 @@ _CODE_ASK = re.compile(r"```|\b(python|javascript|typescript|java|golang|rust|c\
 
 def _sharegpt(lo: int, hi: int | None, code: bool = False) -> list[list[dict]]:
     """Conversations lo..hi-1 (of all, or of the code ones) as message lists."""
-    from ..bench.datasets import _sharegpt_conversations  # noqa: PLC2701 - the one ShareGPT reader
+    from ..bench.datasets import sharegpt_conversations
 
     out, seen = [], 0
     roles = {"human": "user", "gpt": "assistant", "system": "system"}
-    for conv in _sharegpt_conversations():
+    for conv in sharegpt_conversations():
         turns = [(roles.get(t.get("from")), (t.get("value") or "").strip()) for t in conv.get("conversations") or []
                  if isinstance(t, dict)]
         msgs = [{"role": r, "content": c} for r, c in turns if r and c]
@@ -214,16 +214,16 @@ def _code(path: Path, tokenizer) -> list[list[int]]:
 
 def load_source(source: str, tokenizer) -> list:
     """One source -> documents: token lists (text, code) or chat conversations (lists of messages)."""
-    from ..bench.datasets import _count  # noqa: PLC2701 - the one NAME:N parser
+    from ..bench.datasets import source_count
 
     m = _SHAREGPT.match(source)
     if m:
         code = bool(m.group(1))
         if m.group(4) or not (m.group(2) or m.group(3)):
-            return _sharegpt(0, _count(source, 1000) if m.group(4) else 1000, code)
+            return _sharegpt(0, source_count(source, 1000) if m.group(4) else 1000, code)
         return _sharegpt(int(m.group(2) or 0), int(m.group(3)) if m.group(3) else None, code)
     if source.startswith("sharegpt"):
-        _count(source, 1000)                     # says what is wrong with N
+        source_count(source, 1000)                     # says what is wrong with N
         raise SpecDecError(f"bad ShareGPT source '{source}' (sharegpt:N, sharegpt[A:B], sharegpt-code:N or "
                            "sharegpt-code[A:B])")
     m = _HUMANEVAL.match(source)

@@ -22,7 +22,6 @@ so the untrained head already predicts roughly what the target's late states pre
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import time
@@ -32,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SpecDecError
+from ..utils import save_torch_atomic
 
 
 @dataclass
@@ -77,8 +77,8 @@ class TrainConfig:
             raise SpecDecError("train-head: refresh-vocab must be >= 0")
         if self.refresh_vocab and self.init is None:
             raise SpecDecError("train-head: --refresh-vocab needs --init (a new head's vocabulary comes from the data)")
-        for name in ("seq_len", "doc_len", "batch_seqs", "draft_vocab", "ttt_steps", "num_heads", "topk", "checkpoint_every",
-                     "regenerate_seqs"):
+        for name in ("seq_len", "doc_len", "batch_seqs", "draft_vocab", "ttt_steps", "num_heads", "topk",
+                     "checkpoint_every", "regenerate_seqs"):
             if getattr(self, name) < 1:
                 raise SpecDecError(f"train-head: {name.replace('_', '-')} must be >= 1")
         if self.epochs <= 0 or self.lr <= 0:
@@ -346,7 +346,6 @@ class HeadTrainer:
             fits = len(ids) + self.cfg.regenerate < min(engine.max_model_len, self.cfg.doc_len)
             seqs.append(engine.add_request(f"regen-{i}", ids, params) if fits else None)
         bar = progress_bar(range(sum(s is not None for s in seqs)), "regenerate", self.progress)
-        done = 0
         while engine.has_unfinished():
             for out in engine.step():
                 if out.error is not None:
@@ -420,7 +419,7 @@ class HeadTrainer:
             if saved["key"] == key:
                 return saved["value"]
         value = make()
-        _save_atomic({"key": key, "value": value}, path)
+        save_torch_atomic({"key": key, "value": value}, path)
         return value
 
     def train(self, method: str, out: str, windows, feats: Features, t2d, vocab_ids, data: dict) -> dict:
@@ -471,7 +470,7 @@ class HeadTrainer:
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", agree=" ".join(f"{a:.2f}" for a in agree))
             if (step + 1) % c.checkpoint_every == 0 and step + 1 < total_steps:
-                _save_atomic({"config": asdict(c), "head": head.state_dict(), "optimizer": opt.state_dict(),
+                save_torch_atomic({"config": asdict(c), "head": head.state_dict(), "optimizer": opt.state_dict(),
                               "step": step + 1, "history": history}, ckpt)
         t_train = time.perf_counter() - t1
         tail = history[-max(1, len(history) // 10):]
@@ -499,10 +498,3 @@ def train_autocast(device: torch.device):
     from ..models.quantization.kernels import native_bf16
 
     return torch.autocast("cpu", dtype=torch.bfloat16) if native_bf16() else contextlib.nullcontext()
-
-
-def _save_atomic(obj, path: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)

@@ -5,7 +5,7 @@ swaps every linear (qkv, o, gate_up, down and the output head) for the scheme's 
 
 | scheme | method | weights per token (1.5B target) |
 |---|---|---|
-| none | bf16: specdec._C's AVX-512 BF16 kernel (else oneDNN-packed, rows padded); fp32: oneDNN (packed_linear.py) | 3.09 GB |
+| none | bf16: specdec._C's bf16 kernel (else oneDNN-packed, rows padded); fp32: oneDNN (packed_linear.py) | 3.09 GB |
 | int8 | `aten._weight_int8pack_mm`, per-channel symmetric scales (quant.py) | ~1.55 GB |
 | int4 | specdec._C block kernel: 4-bit codes in 32-k groups with scale and offset (blocks.py) | ~1.0 GB |
 

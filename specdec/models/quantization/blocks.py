@@ -37,7 +37,7 @@ class BlockCodes:
     def span(self) -> int:  # k per superblock
         return self.group * self.sb
 
-    def check(self) -> "BlockCodes":
+    def check(self) -> BlockCodes:
         n, k = self.q.shape
         ng = k // self.group
         ns = -(-ng // self.sb)
@@ -96,14 +96,13 @@ def quantize_int8(w: torch.Tensor) -> BlockCodes:
     n, k = w.shape
     if k % INT4_GROUP:
         raise ValueError(f"int8 blocks need in_features divisible by {INT4_GROUP}, got {k}")
-    g = w.float().reshape(n, -1, INT4_GROUP)                      # [N, NG, 32]
-    d = (g.abs().amax(-1) / 127).half()                           # [N, NG]
-    step = d.float()
-    code = torch.where(step[..., None] > 0, torch.round(g / step.clamp(min=1e-30)[..., None]),
-                       torch.zeros_like(g)).clamp(-127, 127)
-    ones = torch.ones(n, g.shape[1], dtype=torch.int8)
-    return BlockCodes((code + 128).to(torch.uint8).view(n, k), ones, ones, d, (d.float() * 128).half(),
-                      8, INT4_GROUP, 1).check()
+    from ..quant import quantize_rows_int8
+
+    code, d = quantize_rows_int8(w.reshape(-1, INT4_GROUP), torch.float16)     # one row per group: [N*NG, 32]
+    d = d.view(n, -1)                                                           # [N, NG]
+    ones = torch.ones(d.shape, dtype=torch.int8)
+    return BlockCodes((code.view(n, k).to(torch.int16) + 128).to(torch.uint8), ones, ones, d,
+                      (d.float() * 128).half(), 8, INT4_GROUP, 1).check()
 
 
 def widen(c: BlockCodes, bits: int, group: int, span: int) -> BlockCodes:
@@ -164,7 +163,7 @@ class PackedBlocks:
             self.mn = self.sc
         return self.mn is self.sc
 
-    def map(self, fn) -> "PackedBlocks":
+    def map(self, fn) -> PackedBlocks:
         """The same blocks with fn applied to each tensor (a tensor shared by two fields stays shared)."""
         done: dict[int, torch.Tensor] = {}
         for t in self.TENSORS:
@@ -177,7 +176,7 @@ class PackedBlocks:
         return f"{self.bits},{self.group},{self.sb},{self.n}"
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor], fmt: str) -> "PackedBlocks":
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], fmt: str) -> PackedBlocks:
         bits, group, sb, n = (int(v) for v in fmt.split(","))
         return cls(*(tensors[t] for t in cls.TENSORS), bits, group, sb, n)
 

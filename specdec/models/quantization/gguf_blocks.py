@@ -5,7 +5,7 @@ Each supported GGUF block type is an instance of  w = d*sc*q - dmin*mn  (blocks.
 | GGUF type | block | maps to | exact? |
 |---|---|---|---|
 | Q4_K | 256 k: fp16 d, dmin; 8 x (6-bit sc, 6-bit m); 4-bit q | bits 4, group 32, sb 8: sc, mn = sc, m | yes |
-| Q6_K | 256 k: fp16 d; 16 x int8 sc; 6-bit q (signed, -32..31) | bits 6, group 16, sb 16: q+32, mn = sc, dmin = 32 d | yes |
+| Q6_K | 256 k: fp16 d; 16 x int8 sc; 6-bit q (-32..31) | bits 6, group 16, sb 16: q+32, mn = sc, dmin = 32 d | yes |
 | Q8_0 | 32 k: fp16 d; int8 q | bits 8, group 32, sb 1: q+128, sc = mn = 1, dmin = 128 d | yes |
 | Q5_0 | 32 k: fp16 d; 5-bit q (q-16) | bits 8, group 32, sb 1: q, sc = mn = 1, dmin = 16 d | yes |
 

@@ -1,35 +1,44 @@
-"""The compiled CPU kernels (specdec._C), imported on first use so that bf16 and int8 never need them."""
+"""The compiled CPU kernels (specdec._C): the one place that imports them, on first use.
+
+Two kinds of callers: those with an eager fallback (the decoder's fused ops in models/cpu_ops.py, the bf16 linear)
+ask `extension()` and get None without the kernels; those without one (int4 and int8 blocks) call `load_kernels()`,
+which raises a SpecDecError saying how to get them.
+"""
 from __future__ import annotations
 
 import importlib
 
 from ...errors import SpecDecError
 
-_ext = None
+_ext = None        # specdec._C once imported; False once its import failed; None: not tried yet
+_missing = ""      # why the import failed
+
+
+def extension():
+    """specdec._C, or None when it is not installed (the caller falls back to eager PyTorch)."""
+    global _ext, _missing
+    if _ext is None:
+        try:
+            _ext = importlib.import_module("specdec._C")
+        except ImportError as exc:
+            _ext, _missing = False, str(exc)
+    return _ext or None
 
 
 def load_kernels():
     """specdec._C, or a SpecDecError saying why it is missing and how to get it."""
-    global _ext
-    if _ext is None:
-        try:
-            _C = importlib.import_module("specdec._C")
-        except ImportError as exc:
-            raise SpecDecError(
-                "int4 quantization needs specdec's compiled CPU kernels (specdec._C), which are not "
-                f"installed ({exc}). They are built by `pip install -e .` when a C++ compiler (g++ or "
-                "clang++) is present: install one and reinstall, or use --quantization none / int8."
-            ) from None
-        _ext = _C
-    return _ext
+    ext = extension()
+    if ext is None:
+        raise SpecDecError(
+            "int4 quantization needs specdec's compiled CPU kernels (specdec._C), which are not "
+            f"installed ({_missing}). They are built by `pip install -e .` when a C++ compiler (g++ or "
+            "clang++) is present: install one and reinstall, or use --quantization none / int8."
+        )
+    return ext
 
 
 def available() -> bool:
-    try:
-        load_kernels()
-        return True
-    except SpecDecError:
-        return False
+    return extension() is not None
 
 
 def native_bf16() -> bool:

@@ -6,7 +6,7 @@ positions, so admission can ask "does this fit?" before a step instead of failin
 """
 from __future__ import annotations
 
-from ..models.kv_cache import SeqKV
+from .kv_cache import SeqKV
 
 
 class KVCapacityError(RuntimeError):
