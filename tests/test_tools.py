@@ -148,12 +148,13 @@ def test_bad_tool_requests_are_400(server, body, param):
 
 @pytest.mark.real_models
 def test_real_pair_tool_flow():
-    """The default pair (bf16, method auto) through the openai client: it calls the tool on its own (auto), the
-    result goes back, and it answers in text."""
+    """The default pair as `specdec serve` runs it (int4 target) through the openai client: it calls the tool on its
+    own (tool_choice auto), the result goes back, and it answers in text. Prompt lookup speculates (the policy is
+    tested on the tiny pair)."""
     from specdec import LLM
 
-    llm = LLM(speculative=SpeculativeConfig(method="auto"), progress=False)
-    with running_server(llm, SpeculativeConfig(method="auto"), name="qwen") as (url, _):
+    llm = LLM(speculative=SpeculativeConfig(method="ngram"), quantization="int4", progress=False)
+    with running_server(llm, SpeculativeConfig(method="ngram"), name="qwen") as (url, _):
         client = _client(url)
         msgs = [{"role": "user", "content": "What's the weather like in Paris right now?"}]
         out = client.chat.completions.create(model="qwen", messages=msgs, tools=[WEATHER], max_tokens=96,
