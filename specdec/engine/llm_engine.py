@@ -26,7 +26,7 @@ from ..policy.decide import RequestFeatures
 from ..proposers.base import Draft, ProposalContext, Proposer, VerifyResult, empty_draft, tree_allowed
 from ..proposers.registry import build_proposers
 from ..sampling.logprobs import token_logprobs
-from ..sampling.rejection import verify_ragged, verify_tree_greedy
+from ..sampling.verifier import Verification, verify_step
 from ..sampling_params import SamplingParams
 from .output import StepInfo, StepOutput, StreamDelta
 from .scheduler import Scheduler, SchedulerConfig
@@ -241,7 +241,9 @@ class LLMEngine:
             if lg is not None:
                 sampling.append((seq, None, lg))
         V = self.vocab_size
-        results = self._verify(sampling)
+        results = verify_step([Verification(lg, (p.draft if p else empty_draft()).token_ids,
+                                            p.draft.q_draft if p else None, p.draft.parents if p else None,
+                                            s.params, s.generator, s.constraint) for s, p, lg in sampling], V)
         t2 = time.perf_counter()
         outputs = []
         for j, ((seq, plan, lg), (num_accepted, emitted, kept)) in enumerate(zip(sampling, results)):
@@ -268,41 +270,6 @@ class LLMEngine:
         # how long prompt tokens take here: the scheduler sizes the next steps' chunks by it
         self.scheduler.observe(sum(n for _, n in prefills), time.perf_counter() - t0)
         return outputs
-
-    def _verify(self, sampling: list) -> list[tuple[int, list[int], list[int] | None]]:
-        """Per sequence (num_accepted, emitted, kept): the verification rows whose tokens were kept, in order (the
-        newest token's row, then the accepted path's) for a token tree, None for a chain (rows 0..num_accepted)."""
-        V = self.vocab_size
-        out: list = [None] * len(sampling)
-        chains = []
-        for j, (_, plan, lg) in enumerate(sampling):
-            if plan is None or plan.draft.parents is None:
-                chains.append(j)
-                continue
-            # a tree: a greedy request without a grammar (see _propose)
-            path, emitted = verify_tree_greedy(lg[:, :V].argmax(-1).tolist(), plan.draft.token_ids.tolist(),
-                                               plan.draft.parents)
-            out[j] = (len(path), emitted, [0] + [i + 1 for i in path])
-        chained = [sampling[j] for j in chains]
-        results = verify_ragged(
-            [self._constrained(s, p, lg[:, :V]) for s, p, lg in chained],
-            [(p.draft if p else empty_draft()).token_ids for _, p, _ in chained],
-            [None if p is None or p.draft.q_draft is None else p.draft.q_draft[:, :V].to(self.device)
-             for _, p, _ in chained],
-            [s.params for s, _, _ in chained], [s.generator for s, _, _ in chained])
-        for j, (n, emitted) in zip(chains, results):
-            out[j] = (n, emitted, None)
-        return out
-
-    @staticmethod
-    def _constrained(seq: Sequence, plan: _Plan | None, logits: torch.Tensor) -> torch.Tensor:
-        """A constrained request's rows with the grammar's masks applied (row j: after the draft's first j)."""
-        if seq.constraint is None:
-            return logits
-        from ..sampling.grammar import apply_masks
-
-        draft = plan.draft.token_ids.tolist() if plan is not None else []
-        return apply_masks(logits, seq.constraint.row_masks(draft))
 
     def _propose(self, seqs: list[Sequence], rows: int) -> list[_Plan]:
         """Each decoding sequence's draft for this step, by its own method and k (method auto: what its step

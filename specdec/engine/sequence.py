@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..metrics.stats import RequestStats
+from ..policy.decide import Decision, StepController
+from ..sampling.grammar import Constraint
 from ..sampling_params import SamplingParams
 from ..tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -26,8 +28,8 @@ class SpecState:
     pool: str = "default"
     topk: int = 1                           # a learned head's token tree: guesses expanded per node (1: a chain)
     depth: int = 0                          # ... and its depth (a chain: k)
-    decision: object | None = None          # policy.decide's Decision (method auto)
-    controller: object | None = None        # policy.decide.StepController (method auto, when it speculates)
+    decision: Decision | None = None        # the policy's choice (method auto)
+    controller: StepController | None = None   # method auto, when it speculates: picks each step's proposer and k
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Sequence:
     arrival: float = 0.0                            # perf_counter at add_request
     first_token_at: float | None = None
     logprobs: list | None = None                    # TokenLogprob per output token, when params.logprobs is set
-    constraint: object | None = None                # sampling.grammar.Constraint for structured outputs
+    constraint: Constraint | None = None            # structured outputs: the grammar's state
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_ids)      # prompt + output

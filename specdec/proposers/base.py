@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling.grammar import apply_masks
+from ..sampling.grammar import Constraint, apply_masks
 from ..sampling.logits import probs_from_logits, sample
 from ..sampling_params import SamplingParams
 
@@ -23,7 +23,7 @@ class ProposalContext:
     token_ids: list[int]                   # prompt + output so far (the last one not yet verified-in)
     params: SamplingParams
     generator: torch.Generator | None
-    constraint: object | None = None       # sampling.grammar.Constraint: draft only what the grammar allows
+    constraint: Constraint | None = None   # structured outputs: draft only what the grammar allows
     topk: int = 1                          # a token tree may branch this wide (heads; 1: draft a chain)
     depth: int = 0                         # ... and go this deep (0: k)
     # V(n), the target's forward over n rows relative to one (measured): sizes a tree; None: k nodes
