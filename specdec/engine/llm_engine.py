@@ -1,12 +1,15 @@
 """The engine core: `add_request`, `abort`, `step()`. Every caller (the CLI, `LLM`, the benchmarks, the server)
 drives this one object.
 
-One step = schedule (which sequences, which prompt chunks) -> propose (each decoding sequence's draft, by its own
-method and k; the draft model drafts for all of them in shared forwards) -> one target forward over every row of
-every sequence -> verify (greedy and sampled sequences mixed, each with its own generator) -> commit (stop
-conditions, cache truncation, stats, the policy told of finished requests). A sequence's greedy output does not
-depend on what else is in the step: every row is computed the same way whatever the batch (see
-models/packed_linear.py and models/attn_metadata.py).
+One step, one object per stage:
+1. schedule (`Scheduler`, scheduler.py): which sequences decode, which prompt chunks run;
+2. propose (`self.proposers`, one per loaded method, proposers/registry.py): each decoding sequence's draft, by its
+   own method and k, or by what method auto's step controller picks; a proposer drafts for all its sequences at once;
+3. execute (`ModelRunner`, model_runner.py): one target forward over every row of every sequence;
+4. verify (`verify_step`, sampling/verifier.py): greedy and sampled sequences, chains and trees, grammar masks;
+5. commit (here): cache truncation, stop conditions, stats, the proposers and the policy told what happened.
+A sequence's greedy output does not depend on what else is in the step: every row is computed the same way whatever
+the batch (see models/packed_linear.py and models/attn_metadata.py).
 """
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ import torch
 from ..config import METHOD_TABLE, SpeculativeConfig
 from ..errors import SpecDecError
 from ..models.kv_manager import KVManager
-from ..models.runner import Span, forward_spans
 from ..policy.cost_model import StepBudget
 from ..policy.decide import RequestFeatures
 from ..proposers.base import Draft, ProposalContext, Proposer, VerifyResult, empty_draft, tree_allowed
@@ -28,6 +30,7 @@ from ..proposers.registry import build_proposers
 from ..sampling.logprobs import token_logprobs
 from ..sampling.verifier import Verification, verify_step
 from ..sampling_params import SamplingParams
+from .model_runner import ModelRunner
 from .output import StepInfo, StepOutput, StreamDelta
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Sequence, SpecState
@@ -56,6 +59,7 @@ class LLMEngine:
         self.sched_cfg = scheduler or SchedulerConfig()
         self.kv = KVManager(model, self.sched_cfg.max_total_tokens)
         self.scheduler = Scheduler(self.sched_cfg, self.kv)
+        self.runner = ModelRunner(model, self.kv)
         # one proposer per loaded method ({method: Proposer}); learned heads ({method: nn.Module} given) read the
         # target's hidden states from the step's own forward
         self.proposers: dict[str, Proposer] = build_proposers(model, self.vocab_size, self.sched_cfg.max_total_tokens,
@@ -190,7 +194,7 @@ class LLMEngine:
 
     def _step(self) -> list[StepOutput]:
         t0 = time.perf_counter()
-        batch = self.scheduler.schedule()
+        batch = self.scheduler.schedule()                                   # 1. schedule
         for seq in batch.preempted:
             self._release_proposers(seq)
         if batch.empty:
@@ -198,44 +202,18 @@ class LLMEngine:
             return []
         decodes, prefills = batch.decodes, batch.prefills
         try:
-            plans = self._propose(decodes, batch.num_rows)
+            plans = self._propose(decodes, batch.num_rows)                  # 2. propose
             t1 = time.perf_counter()
-            reads = lambda s: self._reader(s) is not None           # noqa: E731 - a head reads this one's states
-            spans = [Span(self.kv.get(s.seq_id), s.num_computed, [s.token_ids[-1]] + p.draft.token_ids.tolist(), "all",
-                          decode=True, hidden=reads(s), parents=p.draft.row_parents()) for s, p in zip(decodes, plans)]
-            last_span = []                               # per prefill, the index of its last span
-            owners = list(decodes)                       # the sequence of each span
-            for seq, n in prefills:
-                # a prompt chunk; after a preemption the recomputed output tokens go as decode rows, so that their
-                # K/V is computed exactly as when they were generated
-                lo, hi = seq.num_computed, seq.num_computed + n
-                done, cut = hi == len(seq.token_ids), min(max(len(seq.prompt_ids), lo), hi)
-                kv = self.kv.get(seq.seq_id)
-                for a, b, decode in ((lo, cut, False), (cut, hi, True)):
-                    if b > a:
-                        spans.append(Span(kv, a, seq.token_ids[a:b], "last" if done and b == hi else "none",
-                                          decode=decode, hidden=reads(seq)))
-                        owners.append(seq)
-                last_span.append(len(spans) - 1)
-            layers = tuple(sorted({i for s in [*decodes, *(s for s, _ in prefills)] if reads(s)
-                                   for i in self._reader(s).target_hidden}))
-            logits, hidden = forward_spans(self.model, spans, layers) if layers else (forward_spans(self.model, spans),
-                                                                                       [None] * len(spans))
-            for name, proposer in self.proposers.items():   # a draft model reads the chunks in the same step
-                chunks = [(s.seq_id, s.num_computed, s.token_ids[s.num_computed:s.num_computed + n])
-                          for s, n in prefills if self._drafter(s) == name]
-                if chunks:
-                    proposer.prefill(chunks)
+            run = self.runner.execute(decodes, [p.draft for p in plans], prefills, self._reader)   # 3. execute
+            self._read_prompts(prefills)
         except Exception as exc:  # noqa: BLE001 - the step's requests fail; the engine goes on
             return [self._fail(s, exc) for s in [*decodes, *(s for s, _ in prefills)]]
-        self.last_step = StepInfo(len(decodes) + len(prefills), sum(len(s.token_ids) for s in spans),
-                                  sum(n for _, n in prefills), sum(len(p.draft) for p in plans))
-        # verify every sequence that samples this step: decodes, and prompts whose last chunk just ran
-        sampling = [(s, p, lg) for s, p, lg in zip(decodes, plans, logits)]
-        for seq, span, h in zip(owners[len(decodes):], spans[len(decodes):], hidden[len(decodes):]):
-            if h is not None:                            # a prompt chunk's states: every row is committed
-                self._reader(seq).accept_hidden(seq.seq_id, span.start, h)
-        for (seq, n), lg in zip(prefills, (logits[i] for i in last_span)):
+        self.last_step = StepInfo(len(decodes) + len(prefills), run.num_rows, sum(n for _, n in prefills),
+                                  sum(len(p.draft) for p in plans))
+        # 4. verify every sequence that samples this step: decodes, and prompts whose last chunk just ran
+        sampling = [(s, p, lg) for s, p, lg in zip(decodes, plans, run.decode_logits)]
+        hidden = run.decode_hidden
+        for (seq, n), lg in zip(prefills, run.prompt_logits):
             seq.num_computed += n
             self.kv.commit(seq.seq_id, seq.num_computed)
             if lg is not None:
@@ -245,7 +223,7 @@ class LLMEngine:
                                             p.draft.q_draft if p else None, p.draft.parents if p else None,
                                             s.params, s.generator, s.constraint) for s, p, lg in sampling], V)
         t2 = time.perf_counter()
-        outputs = []
+        outputs = []                                                        # 5. commit
         for j, ((seq, plan, lg), (num_accepted, emitted, kept)) in enumerate(zip(sampling, results)):
             try:
                 start = seq.num_computed
@@ -253,7 +231,7 @@ class LLMEngine:
                     self.kv.compact(seq.seq_id, start, kept)
                     lg = lg[torch.tensor(kept, device=lg.device)]
                 committed = self._commit(seq, plan, num_accepted, emitted, t0, t1, t2)
-                if plan is not None and hidden[j] is not None and not seq.finished:
+                if plan is not None and j < len(hidden) and hidden[j] is not None and not seq.finished:
                     # the newest token and the accepted drafts: the rows whose K/V the target kept
                     rows = slice(0, 1 + num_accepted) if kept is None else torch.tensor(kept)
                     self._reader(seq).accept_hidden(seq.seq_id, start, {i: h[rows] for i, h in hidden[j].items()})
@@ -270,6 +248,15 @@ class LLMEngine:
         # how long prompt tokens take here: the scheduler sizes the next steps' chunks by it
         self.scheduler.observe(sum(n for _, n in prefills), time.perf_counter() - t0)
         return outputs
+
+    def _read_prompts(self, prefills: list[tuple[Sequence, int]]) -> None:
+        """The step's prompt chunks, to the proposers that read prompts themselves (a draft model), in the step that
+        prefills them in the target."""
+        for name, proposer in self.proposers.items():
+            chunks = [(s.seq_id, s.num_computed, s.token_ids[s.num_computed:s.num_computed + n])
+                      for s, n in prefills if self._drafter(s) == name]
+            if chunks:
+                proposer.prefill(chunks)
 
     def _propose(self, seqs: list[Sequence], rows: int) -> list[_Plan]:
         """Each decoding sequence's draft for this step, by its own method and k (method auto: what its step

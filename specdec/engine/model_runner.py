@@ -1,0 +1,62 @@
+"""Execute: one target forward over every row a step carries, and the learned heads' hidden states routed.
+
+A decoding sequence brings its newest token and its draft (a chain, or a token tree's nodes) as one span; a prompt
+chunk brings its tokens (after a preemption, the recomputed output tokens go as decode rows, so that their K/V is
+computed exactly as when they were generated). vLLM's and nano-vllm's ModelRunner, for our ragged CPU forward.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..models.kv_manager import KVManager
+from ..models.runner import Span, forward_spans
+from ..proposers.base import Draft, Proposer
+from .sequence import Sequence
+
+
+@dataclass
+class Executed:
+    """What one forward gives the verifier."""
+    decode_logits: list[torch.Tensor]                  # per decoding sequence  # [1 + draft rows, V]
+    decode_hidden: list[dict[int, torch.Tensor] | None]  # per decoding sequence: {layer: [rows, H]} for its head
+    prompt_logits: list[torch.Tensor | None]           # per prompt chunk: its last row's [1, V] when it ends the prompt
+    num_rows: int
+
+
+class ModelRunner:
+    def __init__(self, model, kv: KVManager):
+        self.model = model
+        self.kv = kv
+
+    def execute(self, decodes: list[Sequence], drafts: list[Draft], prefills: list[tuple[Sequence, int]],
+                reader: Callable[[Sequence], Proposer | None]) -> Executed:
+        """One forward. `reader(seq)`: the head that reads the sequence's hidden states, if any; a prompt chunk's
+        states go to it here (every row of a chunk is committed), a decode's come back with its logits."""
+        spans = [Span(self.kv.get(s.seq_id), s.num_computed, [s.token_ids[-1]] + d.token_ids.tolist(), "all",
+                      decode=True, hidden=reader(s) is not None, parents=d.row_parents())
+                 for s, d in zip(decodes, drafts)]
+        last_span, owners = [], []                  # per prefill, the index of its last span; each chunk span's owner
+        for seq, n in prefills:
+            lo, hi = seq.num_computed, seq.num_computed + n
+            done, cut = hi == len(seq.token_ids), min(max(len(seq.prompt_ids), lo), hi)
+            kv = self.kv.get(seq.seq_id)
+            for a, b, decode in ((lo, cut, False), (cut, hi, True)):
+                if b > a:
+                    spans.append(Span(kv, a, seq.token_ids[a:b], "last" if done and b == hi else "none",
+                                      decode=decode, hidden=reader(seq) is not None))
+                    owners.append(seq)
+            last_span.append(len(spans) - 1)
+        layers = tuple(sorted({i for s in [*decodes, *(s for s, _ in prefills)] if reader(s) is not None
+                               for i in reader(s).target_hidden}))
+        if layers:
+            logits, hidden = forward_spans(self.model, spans, layers)
+        else:
+            logits, hidden = forward_spans(self.model, spans), [None] * len(spans)
+        d = len(decodes)
+        for seq, span, h in zip(owners, spans[d:], hidden[d:]):
+            if h is not None:
+                reader(seq).accept_hidden(seq.seq_id, span.start, h)
+        return Executed(logits[:d], hidden[:d], [logits[i] for i in last_span], sum(len(s.token_ids) for s in spans))
