@@ -12,7 +12,7 @@ class Method:
     """One speculative method: what proposes its tokens and how the policy prices it. The engine never tests a
     method's name; it asks this table, and holds one proposer per loaded method (proposers/registry.py)."""
     name: str
-    default_k: int                      # measured on the 2-core CPU (README, "Choosing k")
+    default_k: int                      # measured on the 2-core CPU (docs/tuning.md, "Choosing k")
     kind: str                           # plain: no proposer | lookup: proposes from the sequence itself, free of
                                         # forwards | model: a draft model's step per token | head: a learned head
                                         # reading the target's hidden states | policy: picks among the others

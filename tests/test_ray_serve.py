@@ -1,6 +1,6 @@
 """`specdec serve --replicas N` on Ray Serve: two engine replicas of the tiny pair behind one endpoint.
 
-The cluster is started with the README's multi-node commands on a local head (`ray start --head`, then
+The cluster is started with docs/ray-serve.md's multi-node commands on a local head (`ray start --head`, then
 `specdec serve --ray-address ...`); a second server starts its own local Ray for back-pressure and the fault test.
 """
 from __future__ import annotations
@@ -123,7 +123,7 @@ def _model_args(pair) -> list[str]:
 
 @pytest.fixture(scope="module")
 def head(env, tmp_path_factory):
-    """README: `ray start --head --port=6379` on the head node (here with a free port), `ray stop` after."""
+    """docs/ray-serve.md: `ray start --head --port=6379` on the head node (here with a free port), `ray stop` after."""
     port = free_port()
     out = subprocess.run([_ray_bin(), "start", "--head", f"--port={port}"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -133,7 +133,7 @@ def head(env, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster_server(head, long_pair, tmp_path_factory):
-    """README: `specdec serve --ray-address HEAD:6379 --replicas 2` joins the running cluster."""
+    """docs/ray-serve.md: `specdec serve --ray-address HEAD:6379 --replicas 2` joins the running cluster."""
     log = tmp_path_factory.mktemp("ray-serve") / "serve.log"
     with server_process([*_model_args(long_pair), "--ray-address", head, "--replicas", "2"], log) as (proc, url):
         yield proc, url, log
