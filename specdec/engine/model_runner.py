@@ -35,8 +35,9 @@ class ModelRunner:
                 reader: Callable[[Sequence], Proposer | None]) -> Executed:
         """One forward. `reader(seq)`: the head that reads the sequence's hidden states, if any; a prompt chunk's
         states go to it here (every row of a chunk is committed), a decode's come back with its logits."""
+        heads = {s.seq_id: reader(s) for s in [*decodes, *(s for s, _ in prefills)]}   # asked once per sequence
         spans = [Span(self.kv.get(s.seq_id), s.num_computed, [s.token_ids[-1]] + d.token_ids.tolist(), "all",
-                      decode=True, hidden=reader(s) is not None, parents=d.row_parents())
+                      decode=True, hidden=heads[s.seq_id] is not None, parents=d.row_parents())
                  for s, d in zip(decodes, drafts)]
         last_span, owners = [], []                  # per prefill, the index of its last span; each chunk span's owner
         for seq, n in prefills:
@@ -46,11 +47,10 @@ class ModelRunner:
             for a, b, decode in ((lo, cut, False), (cut, hi, True)):
                 if b > a:
                     spans.append(Span(kv, a, seq.token_ids[a:b], "last" if done and b == hi else "none",
-                                      decode=decode, hidden=reader(seq) is not None))
+                                      decode=decode, hidden=heads[seq.seq_id] is not None))
                     owners.append(seq)
             last_span.append(len(spans) - 1)
-        layers = tuple(sorted({i for s in [*decodes, *(s for s, _ in prefills)] if reader(s) is not None
-                               for i in reader(s).target_hidden}))
+        layers = tuple(sorted({i for head in heads.values() if head is not None for i in head.target_hidden}))
         if layers:
             logits, hidden = forward_spans(self.model, spans, layers)
         else:
@@ -58,5 +58,5 @@ class ModelRunner:
         d = len(decodes)
         for seq, span, h in zip(owners, spans[d:], hidden[d:]):
             if h is not None:
-                reader(seq).accept_hidden(seq.seq_id, span.start, h)
+                heads[seq.seq_id].accept_hidden(seq.seq_id, span.start, h)
         return Executed(logits[:d], hidden[:d], [logits[i] for i in last_span], sum(len(s.token_ids) for s in spans))
