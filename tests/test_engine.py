@@ -275,7 +275,7 @@ class _AlternatingController(StepController):
         super().__init__("draft", k, 0.8, CostModel(draft_step=0.1, verify=[1.0] * 10), PolicyConfig())
         self.prompt_len, self.continuation, self.calls, self.i, self.seen = prompt_len, continuation, 0, 0, []
 
-    def guess(self, token_ids, room):
+    def guess(self, token_ids, room, constraint):
         self.calls += 1
         done = len(token_ids) - self.prompt_len
         guess = list(self.continuation[done: done + room])

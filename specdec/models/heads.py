@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import HEAD_METHODS, METHOD_TABLE  # noqa: F401 - HEAD_METHODS: importers of models.heads
+from ..config import METHOD_TABLE
 from ..errors import SpecDecError
 from .config import ModelConfig
 from .eagle1 import EagleConfig, EagleHead

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import K_MAX, K_MIN, METHOD_TABLE, MODEL_METHODS
-from ..proposers.ngram import find_ngram_match
+from ..proposers.ngram import lookup_guess
 from .cost_model import CostModel, StepBudget, best_k, expected_tokens, prefill_pays
 
 LOOKUP = next(m.name for m in METHOD_TABLE.values() if m.kind == "lookup")    # prompt lookup's proposer
@@ -241,17 +241,15 @@ class StepController:
         """Before a step: (proposer, k, guess): prompt lookup with its guess's tokens to verify, or the model
         proposer and its k (guess None; k 0 is a plain step). The guess is scored after the step (observe_step)
         whichever ran. A grammar cuts the guess at its first forbidden token."""
-        n, guess = self.guess(token_ids, room) if room > 0 else (0, [])
-        if constraint is not None:
-            guess = guess[:constraint.valid_prefix(guess)]
+        n, guess = self.guess(token_ids, room, constraint)
         source, k = self.plan(n, len(guess), budget)
         k = max(0, min(k, room))
         self._last = (source, n, guess)
         return (LOOKUP, k, guess[:k]) if source == "lookup" else (self.model, k, None)
 
-    def guess(self, token_ids: list[int], room: int) -> tuple[int, list[int]]:
-        """Prompt lookup's guess: (matched n-gram length, up to `room` tokens)."""
-        return find_ngram_match(token_ids, room, *self.lookup)
+    def guess(self, token_ids: list[int], room: int, constraint) -> tuple[int, list[int]]:
+        """Prompt lookup's guess: (matched n-gram length, up to `room` tokens the grammar allows)."""
+        return lookup_guess(token_ids, room, *self.lookup, constraint)
 
     def observe_step(self, num_draft: int, num_accepted: int, emitted: list[int]) -> None:
         """After verifying the step choose_step planned (or a plain step): `observe` with how its guess fared

@@ -35,6 +35,15 @@ def find_ngram_match(token_ids: list[int] | np.ndarray, k: int, max_n: int, min_
     return 0, []
 
 
+def lookup_guess(token_ids: list[int], k: int, max_n: int, min_n: int, constraint=None) -> tuple[int, list[int]]:
+    """A request's prompt-lookup guess: (matched n-gram length, up to k tokens), cut at the first token its grammar
+    (a sampling.grammar.Constraint) forbids; (0, []) for k = 0."""
+    n, guess = find_ngram_match(token_ids, k, max_n, min_n) if k > 0 else (0, [])
+    if constraint is not None:
+        guess = guess[:constraint.valid_prefix(guess)]
+    return n, guess
+
+
 class NgramProposer(Proposer):
     """Prompt lookup with each request's own n-gram sizes (ProposalContext.prompt_lookup_max/min); a constrained
     request's guess is cut at the first token its grammar forbids."""
@@ -42,10 +51,5 @@ class NgramProposer(Proposer):
     free = True
 
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
-        out = []
-        for c, k in zip(ctxs, ks):
-            guess = find_ngram_match(c.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min)[1] if k > 0 else []
-            if c.constraint is not None:
-                guess = guess[:c.constraint.valid_prefix(guess)]
-            out.append(Draft(torch.tensor(guess, dtype=torch.long)))
-        return out
+        return [Draft(torch.tensor(lookup_guess(c.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min,
+                                                c.constraint)[1], dtype=torch.long)) for c, k in zip(ctxs, ks)]

@@ -83,7 +83,7 @@ def check_server_args(args) -> None:
 
 def parse_heads(text: str | None) -> dict[str, str | None]:
     """--spec-heads 'eagle3,medusa=DIR' -> {method: directory or None (the shipped head)}."""
-    from ..models.heads import HEAD_METHODS
+    from ..config import HEAD_METHODS
 
     out: dict[str, str | None] = {}
     for part in (p.strip() for p in (text or "").split(",")):
