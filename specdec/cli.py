@@ -245,21 +245,17 @@ def cmd_models(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from . import LLM, SamplingParams, SpeculativeConfig
+    from . import LLM, EngineArgs, SamplingParams
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise SpecDecError("the prompt is empty")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop)
-    spec = SpeculativeConfig(method=args.method, num_speculative_tokens=args.k, model=args.draft,
-                             prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
-                             quantization=args.draft_quantization, eagle_topk=args.eagle_topk,
-                             num_steps=args.num_steps)
+    engine_args = EngineArgs.from_cli_args(args)
     resolve_quantization(args)                   # after the request's own checks: it may assemble the model
-    llm = LLM(target=args.target, draft=args.draft, speculative=spec, dtype=args.dtype, device=args.device,
-              max_model_len=args.max_model_len, num_threads=args.threads, quantization=args.quantization,
-              head_quantization=args.head_quantization)
+    engine_args.quantization = args.quantization
+    llm = LLM(engine_args)
     out = sys.stdout
     final, token_ids = None, []
     for delta in llm.stream(prompt, params, chat=not args.no_chat):

@@ -13,11 +13,12 @@ from collections.abc import Iterator
 import torch
 
 from .config import DEFAULT_K, HEAD_METHODS, SpeculativeConfig
-from .engine import LLMEngine, RequestOutput, SchedulerConfig, StreamDelta
+from .engine import LLMEngine, RequestOutput, StreamDelta
+from .engine_args import EngineArgs
 from .errors import SpecDecError
 from .models.heads import LoadedHead
 from .models.loader import LoadedModel, load_model
-from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from .models.registry import DEFAULT_DRAFT
 from .policy import CostModel, PolicyConfig
 from .policy.measure import measure_cost_model
 from .policy.pools import SpeculationPolicy
@@ -66,43 +67,47 @@ class LLM:
     >>> llm.generate("Write a haiku about caches", SamplingParams(max_tokens=32))[0].text  # doctest: +SKIP
     """
 
-    def __init__(self, target: str = DEFAULT_TARGET, draft: str | None = None,
-                 speculative: SpeculativeConfig | None = None, dtype: str = "bfloat16",
-                 device: str | None = None, max_model_len: int | None = None, num_threads: int | None = None,
-                 progress: bool = True, scheduler: SchedulerConfig | None = None, quantization: str | None = None,
-                 heads: dict[str, str | None] | None = None, head_quantization: str | None = None):
-        torch.set_num_threads(num_threads or os.cpu_count() or 1)
-        self.speculative = speculative or SpeculativeConfig(method="draft" if draft else "none")
-        self.quantization = quantization               # the target's weights: none | int8 | int4 (vLLM's name)
-        self.target: LoadedModel = load_model(target, dtype=dtype, device=device, progress=progress,
-                                              quantization=quantization)
+    def __init__(self, args: EngineArgs | None = None, /, **kwargs):
+        """`LLM(EngineArgs(...))`, or `LLM(target=..., draft=..., speculative=..., ...)` with EngineArgs' fields."""
+        if args is not None and kwargs:
+            raise SpecDecError("give LLM either an EngineArgs or its fields as keyword arguments, not both")
+        try:
+            self.args = args = args if args is not None else EngineArgs(**kwargs)
+        except TypeError as exc:                       # an unknown keyword
+            raise SpecDecError(f"LLM: {exc}") from None
+        torch.set_num_threads(args.num_threads or os.cpu_count() or 1)
+        self.speculative = args.speculative
+        self.quantization = args.quantization          # the target's weights: none | int8 | int4 (vLLM's name)
+        self.target: LoadedModel = load_model(args.target, dtype=args.dtype, device=args.device,
+                                              progress=args.progress, quantization=args.quantization)
         self.tokenizer = self.target.tokenizer
         self.draft: LoadedModel | None = None
         self.draft_quantization: str | None = None     # the draft's weights as loaded: none | int8 | int4
+        draft = args.draft
         if self.speculative.method in ("draft", "auto") and draft != "none":
             draft = draft or self.speculative.model or DEFAULT_DRAFT
             # a draft's int4 is 4-bit throughout (its Q6_K/Q8_0 blocks re-quantized): its tokens are verified, so
             # only its step cost matters (measured on the 0.5B: 796 -> 559 MB, 23.7 -> 16.0 ms a step)
             self.draft_quantization = default_draft_quantization(self.speculative.quantization, self.target)
-            self.draft = load_model(draft, dtype=dtype, device=device, progress=progress,
+            self.draft = load_model(draft, dtype=args.dtype, device=args.device, progress=args.progress,
                                     quantization=self.draft_quantization, int4_exact=False)
             check_compatible(self.tokenizer, self.draft.tokenizer, self.target.config.vocab_size,
                              self.draft.config.vocab_size)
         # learned heads: the speculative config's, and any others asked for ({method: directory or None = shipped}),
         # so that requests may pick them per request
-        wanted = dict(heads or {})
+        wanted = dict(args.heads)
         if self.speculative.method in HEAD_METHODS:
             wanted[self.speculative.method] = self.speculative.model
-        self.heads: dict[str, LoadedHead] = {m: load_head_for(m, path, self.target, head_quantization)
+        self.heads: dict[str, LoadedHead] = {m: load_head_for(m, path, self.target, args.head_quantization)
                                              for m, path in wanted.items()}
-        self.scheduler_config = scheduler or SchedulerConfig()
+        self.scheduler_config = args.scheduler
         self._policy: SpeculationPolicy | None = None
-        self.engine = LLMEngine(self.target.model, self.tokenizer, self.draft.model if self.draft else None,
-                                self.scheduler_config, max_model_len, policy_factory=self.policy,
-                                heads={m: h.module for m, h in self.heads.items()})
         self._rows: CostModel | None = None
-        if self.heads:                              # token trees are sized by the measured cost of rows
-            self.engine.row_cost = self.row_cost
+        # token trees are sized by the measured cost of rows (row_cost); without heads nothing asks for it
+        self.engine = LLMEngine(self.target.model, self.tokenizer, self.draft.model if self.draft else None,
+                                self.scheduler_config, args.max_model_len, policy_factory=self.policy,
+                                heads={m: h.module for m, h in self.heads.items()},
+                                row_cost=self.row_cost if self.heads else None)
         self._ids = itertools.count()
 
     @property
@@ -122,8 +127,7 @@ class LLM:
                available: tuple[str, ...] | None = None) -> SpeculationPolicy:
         """The speculation policy (created on first use; its cost model is measured once per machine and cached)."""
         if self._policy is None:
-            cfg = cfg or PolicyConfig(k_max=self.speculative.num_speculative_tokens
-                                      if self.speculative.method == "auto" else DEFAULT_K["auto"])
+            cfg = cfg or self.args.policy_config
             available = available or ("ngram", *(("draft",) if self.draft is not None else ()), *self.heads)
             self._policy = SpeculationPolicy(cost or self.cost_model(cfg.k_max), cfg, available)
         return self._policy

@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the step loop over everything below
     ("specdec.engine",),
     # the offline API: loads the models, builds the engine
-    ("specdec.llm",),
+    ("specdec.engine_args", "specdec.llm"),
     # the public surface (specdec/__init__.py)
     ("specdec",),
     # offline tools that drive LLM; train reads bench's dataset readers

@@ -48,7 +48,7 @@ class _Plan:
 class LLMEngine:
     def __init__(self, model, tokenizer, draft_model=None, scheduler: SchedulerConfig | None = None,
                  max_model_len: int | None = None, policy_factory: Callable[[], object] | None = None,
-                 heads: dict | None = None):
+                 heads: dict | None = None, row_cost: Callable[[int], float] | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size         # shared with the draft; padding rows never sampled
@@ -66,7 +66,7 @@ class LLMEngine:
                                                               self.sched_cfg.max_num_batched_tokens, draft_model, heads)
         # V(n), a target forward over n rows relative to one (the cost model's): sizes learned heads' token trees;
         # None keeps num_speculative_tokens nodes
-        self.row_cost: Callable[[int], float] | None = None
+        self.row_cost = row_cost
         self._policy_factory = policy_factory
         self._policy = None
         self.seqs: dict[str, Sequence] = {}

@@ -27,9 +27,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..engine_args import parse_speculative_config
 from ..errors import SpecDecError
 from .async_engine import QueueFull, RequestAborted, warm_tokenizer
-from .launch import build_engine, examples, parse_speculative_config, server_state
+from .launch import build_engine, examples, server_state
 from .metrics import merge_labelled
 
 log = logging.getLogger("specdec.server")

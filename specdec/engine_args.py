@@ -1,0 +1,136 @@
+"""EngineArgs: everything that builds an engine, in one object (vLLM's `EngineArgs`).
+
+Built once, from Python (`EngineArgs(target=..., speculative=SpeculativeConfig(...))`, or `LLM(**kwargs)`, which
+builds one) or from the command line (`EngineArgs.from_cli_args(namespace)`), validated here and nowhere else,
+and handed down: `LLM` loads what it names, the engine gets its scheduler config, the policy its PolicyConfig.
+The server's own options (host, port, API key, queue limits) stay in server/.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .config import DEFAULT_K, HEAD_METHODS, QUANTIZATIONS, SpeculativeConfig
+from .engine import SchedulerConfig
+from .engine.scheduler import ITL_TARGET_S
+from .errors import SpecDecError
+from .models.registry import DEFAULT_TARGET
+from .policy import PolicyConfig
+from .utils import parse_json_object
+
+DTYPES = ("bfloat16", "float32", "float16")
+# vLLM's `--speculative-config` JSON keys
+SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "quantization",
+             "eagle_topk", "num_steps")
+
+
+@dataclass
+class EngineArgs:
+    target: str = DEFAULT_TARGET                # built-in name, .gguf file or HF directory
+    draft: str | None = None                    # draft model for methods draft/auto (None: the pair's 0.5B)
+    speculative: SpeculativeConfig | None = None   # None: method draft when `draft` is given, else none
+    dtype: str = "bfloat16"
+    device: str | None = None                   # cpu | cuda (None: cuda when available)
+    max_model_len: int | None = None            # None: the model's context window
+    num_threads: int | None = None              # CPU threads (None: all cores)
+    quantization: str | None = None             # target weights: none | int8 | int4 (None: by file and device)
+    heads: dict[str, str | None] = field(default_factory=dict)   # learned heads beside the speculative method's:
+                                                # {method: directory, or None for the shipped head}
+    head_quantization: str | None = None        # heads' linears: none | int8 | int4 (None: by kernels present)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    policy: PolicyConfig | None = None          # method auto's, per request or per server (None: the defaults, k_max
+                                                # = num_speculative_tokens when the method is auto)
+    progress: bool = True                       # progress bars while models load
+
+    def __post_init__(self):
+        if self.speculative is None:
+            self.speculative = SpeculativeConfig(method="draft" if self.draft else "none")
+        if self.dtype not in DTYPES:
+            raise SpecDecError(f"unknown dtype '{self.dtype}' (choose from: {', '.join(DTYPES)})")
+        for name in ("quantization", "head_quantization"):
+            if getattr(self, name) not in (None, *QUANTIZATIONS):
+                raise SpecDecError(f"unknown {name} '{getattr(self, name)}' (choose from: {', '.join(QUANTIZATIONS)})")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise SpecDecError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise SpecDecError(f"num_threads must be >= 1, got {self.num_threads}")
+        unknown = [m for m in self.heads if m not in HEAD_METHODS]
+        if unknown:
+            raise SpecDecError(f"'{unknown[0]}' is not a learned head method ({', '.join(HEAD_METHODS)})")
+
+    @property
+    def policy_config(self) -> PolicyConfig:
+        """Method auto's policy: as given, else the defaults with k_max = the speculative config's k."""
+        if self.policy is not None:
+            return self.policy
+        return PolicyConfig(k_max=self.speculative.num_speculative_tokens if self.speculative.method == "auto"
+                            else DEFAULT_K["auto"])
+
+    @classmethod
+    def from_cli_args(cls, args) -> EngineArgs:
+        """From `specdec serve` (--speculative-config JSON, --spec-heads, scheduler and policy flags) or
+        `specdec generate` (--method, --k, ...). Raises SpecDecError naming the flag for bad values."""
+        if hasattr(args, "speculative_config"):
+            spec = parse_speculative_config(args.speculative_config)
+            if args.draft and spec.method in ("draft", "auto") and spec.model is None:
+                spec.model = args.draft
+            draft = spec.model if spec.method in ("draft", "auto") else None
+            heads = parse_heads(args.spec_heads)
+            policy = PolicyConfig(k_max=spec.num_speculative_tokens, max_load=args.spec_max_load,
+                                  min_acceptance=args.spec_min_acceptance) if spec.method == "auto" else None
+            scheduler = scheduler_config(args.max_num_seqs, args.max_num_batched_tokens, args.max_total_tokens,
+                                         args.itl_target_ms)
+        else:
+            try:
+                spec = SpeculativeConfig(method=args.method, num_speculative_tokens=args.k, model=args.draft,
+                                         prompt_lookup_max=args.prompt_lookup_max,
+                                         prompt_lookup_min=args.prompt_lookup_min,
+                                         quantization=args.draft_quantization, eagle_topk=args.eagle_topk,
+                                         num_steps=args.num_steps)
+            except ValueError as exc:
+                raise SpecDecError(str(exc)) from None
+            draft, heads, policy, scheduler = args.draft, {}, None, SchedulerConfig()
+        try:
+            return cls(target=args.target, draft=draft, speculative=spec, dtype=args.dtype, device=args.device,
+                       max_model_len=args.max_model_len, num_threads=args.threads, quantization=args.quantization,
+                       heads=heads, head_quantization=args.head_quantization, scheduler=scheduler, policy=policy)
+        except ValueError as exc:
+            raise SpecDecError(str(exc)) from None
+
+
+def parse_speculative_config(text: str | None) -> SpeculativeConfig:
+    """vLLM's `--speculative-config` JSON -> SpeculativeConfig (left out: method auto)."""
+    if not text:
+        return SpeculativeConfig(method="auto")
+    obj = parse_json_object(text, "--speculative-config")
+    unknown = set(obj) - set(SPEC_KEYS)
+    if unknown:
+        raise SpecDecError(f"--speculative-config: unknown key '{sorted(unknown)[0]}' "
+                           f"(known: {', '.join(sorted(SPEC_KEYS))})")
+    try:
+        return SpeculativeConfig(**obj)
+    except (TypeError, ValueError) as exc:
+        raise SpecDecError(f"--speculative-config: {exc}") from None
+
+
+def parse_heads(text: str | None) -> dict[str, str | None]:
+    """--spec-heads 'eagle3,medusa=DIR' -> {method: directory or None (the shipped head)}."""
+    out: dict[str, str | None] = {}
+    for part in (p.strip() for p in (text or "").split(",")):
+        if not part:
+            continue
+        method, _, path = part.partition("=")
+        if method not in HEAD_METHODS:
+            raise SpecDecError(f"--spec-heads: '{method}' is not a learned head method ({', '.join(HEAD_METHODS)})")
+        out[method] = path or None
+    return out
+
+
+def scheduler_config(max_num_seqs: int, max_num_batched_tokens: int, max_total_tokens: int | None,
+                     itl_target_ms: float | None = ITL_TARGET_S * 1000) -> SchedulerConfig:
+    """The serve flags -> SchedulerConfig (--itl-target-ms 0: no cap; --max-total-tokens left out: the default)."""
+    try:
+        return SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                               itl_target_s=itl_target_ms / 1000 if itl_target_ms else None,
+                               **({"max_total_tokens": max_total_tokens} if max_total_tokens else {}))
+    except ValueError as exc:
+        raise SpecDecError(str(exc)) from None
