@@ -22,6 +22,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="target weights: none (runtime dtype), int8, or int4 (a GGUF's 4/5/6/8-bit blocks kept as "
                         "they are; our CPU kernel). Default: int4 for a block-quantized GGUF on a CPU where the "
                         "compiled kernels run 4-bit codes vectorized (AVX-512 VNNI or AVX2), else none")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep finished requests' K/V (target and draft) and start a prompt that shares a prefix with "
+                        "one after it: a conversation's next turn, a shared system prompt (default on; "
+                        "--no-enable-prefix-caching: off, vLLM's flag)")
     p.add_argument("--head-quantization", default=None, choices=["none", "int8", "int4"],
                    help="learned heads' linears (eagle3, eagle, medusa): runtime dtype, or 8-/4-bit blocks on our CPU "
                         "kernel. Default: int4 for a bf16 head on CPU where the compiled kernels run 4-bit codes "

@@ -39,6 +39,7 @@ class EngineArgs:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     policy: PolicyConfig | None = None          # method auto's, per request or per server (None: the defaults, k_max
                                                 # = num_speculative_tokens when the method is auto)
+    enable_prefix_caching: bool = True          # keep finished requests' K/V for prompts that share a prefix
     progress: bool = True                       # progress bars while models load
 
     def __post_init__(self):
@@ -92,7 +93,8 @@ class EngineArgs:
         try:
             return cls(target=args.target, draft=draft, speculative=spec, dtype=args.dtype, device=args.device,
                        max_model_len=args.max_model_len, num_threads=args.threads, quantization=args.quantization,
-                       heads=heads, head_quantization=args.head_quantization, scheduler=scheduler, policy=policy)
+                       heads=heads, head_quantization=args.head_quantization, scheduler=scheduler, policy=policy,
+                       enable_prefix_caching=args.enable_prefix_caching)
         except ValueError as exc:
             raise SpecDecError(str(exc)) from None
 

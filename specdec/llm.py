@@ -107,7 +107,8 @@ class LLM:
         self.engine = LLMEngine(self.target.model, self.tokenizer, self.draft.model if self.draft else None,
                                 self.scheduler_config, args.max_model_len, policy_factory=self.policy,
                                 heads={m: h.module for m, h in self.heads.items()},
-                                row_cost=self.row_cost if self.heads else None)
+                                row_cost=self.row_cost if self.heads else None,
+                                enable_prefix_caching=args.enable_prefix_caching)
         self._ids = itertools.count()
 
     @property

@@ -154,6 +154,8 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     llm = LLM(target=cfg.target or DEFAULT_TARGET, draft=cfg.draft, dtype=cfg.dtype, device=cfg.device,
               max_model_len=cfg.max_model_len, num_threads=cfg.threads, progress=cfg.progress,
               quantization=cfg.quantization, head_quantization=cfg.head_quantization,
+              # every method's run of a prompt starts cold: a cached prefix would favour the later runs' TTFT
+              enable_prefix_caching=False,
               heads={m: cfg.heads.get(m) for m in dict.fromkeys(TREE_LABELS.get(m, m) for m in cfg.methods)
                      if m in HEAD_METHODS},
               speculative=SpeculativeConfig(method="draft" if need_draft else "none",

@@ -23,6 +23,8 @@ import torch
 from ..config import METHOD_TABLE, SpeculativeConfig
 from ..errors import SpecDecError
 from ..models.kv_manager import KVManager
+from ..models.prefix_cache import PrefixCache
+from ..models.runner import Span, forward_spans
 from ..policy.cost_model import StepBudget
 from ..policy.decide import RequestFeatures
 from ..proposers.base import Draft, ProposalContext, Proposer, VerifyResult, empty_draft, tree_allowed
@@ -48,7 +50,8 @@ class _Plan:
 class LLMEngine:
     def __init__(self, model, tokenizer, draft_model=None, scheduler: SchedulerConfig | None = None,
                  max_model_len: int | None = None, policy_factory: Callable[[], object] | None = None,
-                 heads: dict | None = None, row_cost: Callable[[int], float] | None = None):
+                 heads: dict | None = None, row_cost: Callable[[int], float] | None = None,
+                 enable_prefix_caching: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size         # shared with the draft; padding rows never sampled
@@ -57,7 +60,9 @@ class LLMEngine:
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.device = model.embed_tokens.weight.device
         self.sched_cfg = scheduler or SchedulerConfig()
-        self.kv = KVManager(model, self.sched_cfg.max_total_tokens)
+        # finished requests' K/V stays, matched by token prefix, in the same budget (models/prefix_cache.py)
+        self.kv = KVManager(model, self.sched_cfg.max_total_tokens,
+                            PrefixCache() if enable_prefix_caching else None)
         self.scheduler = Scheduler(self.sched_cfg, self.kv)
         self.runner = ModelRunner(model, self.kv)
         # one proposer per loaded method ({method: Proposer}); learned heads ({method: nn.Module} given) read the
@@ -129,6 +134,8 @@ class LLMEngine:
             seq.constraint = Constraint(params.structured_outputs, self.tokenizer)
         if method.kind == "policy":
             self._decide(seq)
+        # a learned head reads the target's hidden states at every prompt position, which an entry does not keep
+        seq.reuse_prefix = self.kv.prefix is not None and self._reader(seq) is None
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -150,15 +157,70 @@ class LLMEngine:
                                               (sp.prompt_lookup_max, sp.prompt_lookup_min))
 
     def abort(self, request_id: str) -> Sequence | None:
-        """Stop a request now: its KV and draft state are freed before the next step. Returns it, if it ran."""
+        """Stop a request now: its KV and draft state are freed before the next step (or kept as a prefix entry).
+        Returns it, if it ran."""
         seq = self.seqs.pop(request_id, None)
         if seq is not None:
-            self._release(seq)
+            self._release(seq, keep=True)
         return seq
 
-    def _release(self, seq: Sequence) -> None:
-        self.scheduler.remove(seq)
+    def _release(self, seq: Sequence, keep: bool = False) -> None:
+        """Take a sequence out; with `keep` (it finished or was aborted, its caches intact) and prefix caching on,
+        its caches become a prefix entry."""
+        extras = None
+        if keep and self.kv.prefix is not None and seq.num_computed > 0:
+            extras = {name: kv for name, p in self.proposers.items()
+                      if (kv := p.export_cache(seq.seq_id)) is not None}
+        self.scheduler.remove(seq, extras)
         self._release_proposers(seq)
+
+    def _restore_prefix(self, prefills: list[tuple[Sequence, int]]) -> None:
+        """Sequences whose first chunk starts from a prefix entry: their proposers copy their part of it."""
+        for seq, _ in prefills:
+            hit = seq.prefix_hit
+            if hit is None:
+                continue
+            seq.stats.cached_tokens = max(seq.stats.cached_tokens, hit.target)
+            for proposer in self._uses(seq):
+                source = (hit.entry.extras.get(proposer.name) if hit.entry is not None
+                          else proposer.cache_of(hit.source_seq))
+                if source is not None:
+                    proposer.import_cache(seq.seq_id, source, hit.matched)
+            self.kv.unpin(hit)
+            seq.prefix_hit = None
+
+    # -- prefix caching -------------------------------------------------------------------------------------
+    SETTLE_TOKENS = 64      # prompt rows an idle step computes for a prefix entry (a new request waits at most that)
+
+    def has_background_work(self) -> bool:
+        """A prefix entry holds generated tokens not yet computed as prompt rows (idle steps settle them)."""
+        return self.kv.prefix is not None and self.kv.prefix.to_settle() is not None
+
+    def settle(self) -> int:
+        """Compute the next chunk of a prefix entry's unsettled positions as prompt rows, so that a request sending
+        those tokens back (a conversation's next turn) reuses them bit for bit. Returns the positions computed."""
+        entry = self.kv.prefix.to_settle() if self.kv.prefix is not None else None
+        if entry is None:
+            return 0
+        n = min(self.SETTLE_TOKENS, entry.unsettled)
+        forward_spans(self.model, [Span(entry.kv, entry.exact, entry.tokens[entry.exact:entry.exact + n].tolist(),
+                                        "none")])
+        entry.exact += n
+        entry.kv.length = max(entry.kv.length, entry.exact)
+        return n
+
+    def prefix_cache_stats(self) -> dict:
+        """Queries and hits in prompt tokens (vLLM's prefix_cache_queries / prefix_cache_hits), entries and size."""
+        pc = self.kv.prefix
+        if pc is None:
+            return {"enabled": False}
+        return {"enabled": True, "queries": pc.queries, "hits": pc.hits,
+                "hit_rate": pc.hits / pc.queries if pc.queries else None, "entries": len(pc),
+                "tokens": pc.tokens, "positions": pc.capacity, "bytes": pc.nbytes}
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every prefix entry (vLLM's reset_prefix_cache)."""
+        self.kv.clear_prefix_cache()
 
     def _release_proposers(self, seq: Sequence) -> None:
         for proposer in self.proposers.values():
@@ -201,6 +263,7 @@ class LLMEngine:
             self.last_step = StepInfo()
             return []
         decodes, prefills = batch.decodes, batch.prefills
+        self._restore_prefix(prefills)
         try:
             plans = self._propose(decodes, batch.num_rows)                  # 2. propose
             t1 = time.perf_counter()
@@ -356,7 +419,7 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence) -> None:
         self.seqs.pop(seq.request_id, None)
-        self._release(seq)
+        self._release(seq, keep=True)
         d = seq.spec.decision
         if d is not None:                                 # the one place the policy hears of an outcome
             self.policy.record(seq.spec.pool, d, seq.params.temperature, seq.stats, seq.spec.controller)

@@ -15,7 +15,10 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..models.kv_manager import KVManager
+from ..models.prefix_cache import Hit, common_prefix
 from .sequence import Sequence
 
 # The default step-time target while streams decode. Each step also pays costs that do not shrink with its prompt
@@ -59,6 +62,9 @@ class ScheduledBatch:
         return len(self.decodes) + sum(n for _, n in self.prefills)
 
 
+# a new request waits for a running one's prefill when they share at least this many prompt tokens it has not
+# computed yet (then copies them), instead of computing them a second time beside it
+SHARE_MIN = 64
 MIN_CHUNK = 16          # prompt tokens a step carries at least, however slow the machine (progress is guaranteed)
 
 
@@ -90,13 +96,24 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def remove(self, seq: Sequence) -> None:
-        """Take a finished or aborted sequence out of the queues and free its cache."""
+    def remove(self, seq: Sequence, extras: dict | None = None) -> None:
+        """Take a finished or aborted sequence out of the queues and free its cache; with `extras` (its proposers'
+        caches, possibly none) its cache becomes a prefix entry instead."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.kv.free_seq(seq.seq_id)
+        if seq.prefix_hit is not None:                 # removed between scheduling and the step's restore
+            self.kv.unpin(seq.prefix_hit)
+            seq.prefix_hit = None
+        if extras is not None:
+            # its prompt's K/V was computed as prompt rows (or copied from exact ones): reusable bit for bit. A
+            # finished sequence's last token (no K/V yet) joins the entry, to be settled; an aborted one keeps only
+            # what it computed
+            tokens = seq.token_ids if seq.finished else seq.token_ids[:seq.num_computed]
+            self.kv.keep(seq.seq_id, tokens, min(seq.num_computed, len(seq.prompt_ids)), extras)
+        else:
+            self.kv.free_seq(seq.seq_id)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -158,12 +175,51 @@ class Scheduler:
             budget -= batch.prefills[-1][1]
         return batch
 
+    def _find_prefix(self, seq: Sequence) -> Hit | None | bool:
+        """Where a new (or preempted) sequence's prefill may start: the longest exact prefix a prefix entry or a
+        running sequence's computed prompt shares with it (the prompt's last token is computed in any case, for its
+        logits). False: wait, a running sequence is still prefilling a long prefix this one shares (two requests
+        with one system prompt compute it once)."""
+        limit = len(seq.prompt_ids) - 1
+        hit = self.kv.lookup(seq.token_ids, limit)
+        best = hit.target if hit is not None else 0
+        ids = np.asarray(seq.prompt_ids[:limit], dtype=np.int64)
+        for r in self.running:
+            if r.seq_id not in self.kv.caches:
+                continue
+            shared = common_prefix(np.asarray(r.prompt_ids[:len(ids)], dtype=np.int64), ids)
+            have = min(r.num_computed, len(r.prompt_ids), shared)    # computed as prompt rows, and shared
+            if have > best:
+                if hit is not None:
+                    self.kv.unpin(hit)
+                hit, best = Hit(None, have, have, source_seq=r.seq_id), have
+            if r.prefilling and shared - max(best, r.num_computed) >= SHARE_MIN:
+                if hit is not None:
+                    self.kv.unpin(hit)
+                return False
+        return hit
+
     def _chunk(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:
-        n = min(budget, len(seq.token_ids) - seq.num_computed)
+        hit = None
+        if seq.num_computed == 0 and seq.reuse_prefix:
+            hit = self._find_prefix(seq)
+            if hit is False:
+                return False
+        start = hit.target if hit is not None else seq.num_computed
+        n = min(budget, len(seq.token_ids) - start)
         # a chunk that completes the prompt samples the first token; keep room for that step's drafts too
-        need = seq.num_computed + n + (1 + seq.spec.k if n == len(seq.token_ids) - seq.num_computed else 0)
+        need = start + n + (1 + seq.spec.k if n == len(seq.token_ids) - start else 0)
         if self.kv.extra_needed(seq.seq_id, need) > self.kv.free:
+            if hit is not None:
+                self.kv.unpin(hit)
             return False
         self.kv.ensure(seq.seq_id, need)
+        if seq.num_computed == 0 and seq.reuse_prefix:
+            self.kv.prefix.queries += len(seq.prompt_ids) - 1
+        if hit is not None:
+            self.kv.adopt(seq.seq_id, hit)
+            self.kv.prefix.hits += hit.target
+            seq.num_computed = hit.target
+            seq.prefix_hit = hit               # the engine copies the proposers' part, then unpins it
         batch.prefills.append((seq, n))
         return True

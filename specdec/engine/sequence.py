@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..metrics.stats import RequestStats
+from ..models.prefix_cache import Hit
 from ..policy.decide import Decision, StepController
 from ..sampling.grammar import Constraint
 from ..sampling_params import SamplingParams
@@ -51,6 +52,9 @@ class Sequence:
     first_token_at: float | None = None
     logprobs: list | None = None                    # TokenLogprob per output token, when params.logprobs is set
     constraint: Constraint | None = None            # structured outputs: the grammar's state
+    reuse_prefix: bool = False                      # may start from a prefix cache entry (set by the engine)
+    prefix_hit: Hit | None = None                   # the entry its first chunk started from, until the step's
+                                                    # proposers took their part
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_ids)      # prompt + output

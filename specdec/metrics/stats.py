@@ -17,6 +17,8 @@ class RequestStats:
     method: str = "none"
     num_speculative_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0              # prompt tokens whose K/V came from the prefix cache (OpenAI's
+                                        # usage.prompt_tokens_details.cached_tokens)
     completion_tokens: int = 0
     finish_reason: str | None = None
     ttft_s: float = 0.0                 # request start -> first token

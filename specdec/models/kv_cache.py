@@ -40,6 +40,11 @@ class SeqKV:
         for t in (self.k, self.v):
             t[:, :, dst: dst + len(src)] = t[:, :, idx]
 
+    def copy_from(self, other: SeqKV, n: int) -> None:
+        """Positions 0..n-1 of every layer from another cache of the same model (a prefix cache hit)."""
+        self.k[:, :, :n] = other.k[:, :, :n]
+        self.v[:, :, :n] = other.v[:, :, :n]
+
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of layer i  # [Hkv, capacity, D] views."""
         return self.k[i], self.v[i]

@@ -3,10 +3,14 @@
 A sequence's cache grows as the sequence does (doubling, so a long generation reallocates O(log n) times) and is
 truncated in O(1) after a rejected draft. The budget (`max_total_tokens`, SGLang's name) counts allocated
 positions, so admission can ask "does this fit?" before a step instead of failing inside one.
+
+With a prefix cache (models/prefix_cache.py), finished sequences' caches stay here as entries inside the same
+budget: they count as free for admission, and the least recently used are evicted when a sequence needs the room.
 """
 from __future__ import annotations
 
 from .kv_cache import SeqKV
+from .prefix_cache import Hit, PrefixCache
 
 
 class KVCapacityError(RuntimeError):
@@ -14,12 +18,13 @@ class KVCapacityError(RuntimeError):
 
 
 class KVManager:
-    def __init__(self, model, max_total_tokens: int):
+    def __init__(self, model, max_total_tokens: int, prefix_cache: PrefixCache | None = None):
         self.model = model
         self.block = max(1, model.key_block)          # capacities are multiples of the key block
         self.max_total_tokens = max_total_tokens
         self.caches: dict[int, SeqKV] = {}
-        self.allocated = 0                             # positions allocated over all caches
+        self.prefix = prefix_cache
+        self.allocated = 0                             # positions allocated over all caches and prefix entries
 
     def get(self, seq_id: int) -> SeqKV:
         kv = self.caches.get(seq_id)
@@ -38,7 +43,17 @@ class KVManager:
 
     @property
     def free(self) -> int:
-        return self.max_total_tokens - self.allocated
+        """Positions a sequence may still take: unallocated ones, and those of prefix entries it may evict."""
+        return self.max_total_tokens - self.allocated + (self.prefix.evictable if self.prefix is not None else 0)
+
+    def _make_room(self, positions: int) -> bool:
+        """Evict least recently used prefix entries until `positions` are unallocated; False if they cannot be."""
+        while self.max_total_tokens - self.allocated < positions:
+            entry = self.prefix.pop_lru() if self.prefix is not None else None
+            if entry is None:
+                return False
+            self.allocated -= entry.kv.capacity
+        return True
 
     def ensure(self, seq_id: int, positions: int) -> SeqKV:
         """Grow `seq_id`'s cache to hold at least `positions` (rounded up to the key block)."""
@@ -46,14 +61,59 @@ class KVManager:
         need = self._round(positions)
         if need <= kv.capacity:
             return kv
-        # double when the budget allows it (fewer reallocations), else take exactly what is needed
-        cap = max(need, min(self._round(2 * kv.capacity), kv.capacity + self.free))
-        if cap - kv.capacity > self.free:
+        # double when unallocated room allows it (fewer reallocations; never evicts for it), else take exactly
+        # what is needed
+        cap = max(need, min(self._round(2 * kv.capacity), kv.capacity + self.max_total_tokens - self.allocated))
+        if not self._make_room(cap - kv.capacity):
             raise KVCapacityError(f"KV cache budget exhausted: need {need - kv.capacity} more positions, "
                                   f"{self.free} of {self.max_total_tokens} free")
         self.allocated += cap - kv.capacity
         kv.resize(cap)
         return kv
+
+    # -- prefix caching ------------------------------------------------------------------------------------------
+    def lookup(self, token_ids: list[int], limit: int) -> Hit | None:
+        """The prefix entry to start `token_ids` from (reusing at most `limit` positions), pinned until `adopt` or
+        `unpin`; None without a prefix cache or a match."""
+        hit = self.prefix.lookup(token_ids, limit) if self.prefix is not None else None
+        if hit is not None:
+            hit.entry.pinned += 1
+        return hit
+
+    def adopt(self, seq_id: int, hit: Hit) -> None:
+        """Copy the hit's exact prefix (an entry's, or a running sequence's) into `seq_id`'s cache (ensured large
+        enough by the caller)."""
+        kv = self.get(seq_id)
+        kv.copy_from(hit.entry.kv if hit.entry is not None else self.caches[hit.source_seq], hit.target)
+        kv.length = hit.target
+
+    @staticmethod
+    def unpin(hit: Hit) -> None:
+        if hit.entry is not None:
+            hit.entry.pinned -= 1
+
+    def keep(self, seq_id: int, tokens: list[int], exact: int, extras: dict[str, SeqKV]) -> None:
+        """A finished sequence's cache becomes a prefix entry for `tokens` (its first `exact` positions computed
+        as prompt rows; the rest are settled later). Without a prefix cache: freed."""
+        kv = self.caches.pop(seq_id, None)
+        if kv is None:
+            return
+        if self.prefix is None or exact <= 0:
+            self.allocated -= kv.capacity
+            return
+        # the entry takes room for every token (settling computes the ones without K/V), when the budget has it
+        cap = self._round(len(tokens))
+        if cap > kv.capacity and not self._make_room(cap - kv.capacity):
+            cap = kv.capacity
+        if cap != kv.capacity:
+            self.allocated += cap - kv.capacity
+            kv.resize(cap)
+        for old in self.prefix.insert(tokens[:cap], kv, exact, extras):
+            self.allocated -= old.kv.capacity
+
+    def clear_prefix_cache(self) -> None:
+        for entry in self.prefix.clear() if self.prefix is not None else ():
+            self.allocated -= entry.kv.capacity
 
     def commit(self, seq_id: int, length: int) -> None:
         """The first `length` positions hold committed tokens (after a forward wrote them). Moving it back forgets
@@ -88,4 +148,23 @@ class KVManager:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the running sequences' caches (prefix entries: `prefix.nbytes`)."""
         return sum(kv.nbytes for kv in self.caches.values())
+
+    def pop(self, seq_id: int) -> SeqKV | None:
+        """Take a sequence's cache out of this manager (a proposer hands it to a prefix entry), freeing its budget."""
+        kv = self.caches.pop(seq_id, None)
+        if kv is not None:
+            self.allocated -= kv.capacity
+        return kv
+
+    def adopt_extra(self, seq_id: int, source: SeqKV, positions: int) -> int:
+        """Copy the first `positions` of `source` (limited to what it holds and to free room) into `seq_id`'s cache;
+        returns the positions copied."""
+        n = min(positions, source.length)
+        if n <= 0 or self.extra_needed(seq_id, n) > self.free:
+            return 0
+        kv = self.ensure(seq_id, n)
+        kv.copy_from(source, n)
+        kv.length = n
+        return n

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.kv_cache import SeqKV
 from ..sampling.grammar import Constraint, apply_masks
 from ..sampling.logits import probs_from_logits, sample
 from ..sampling_params import SamplingParams
@@ -95,6 +96,19 @@ class Proposer(ABC):
 
     def release(self, seq_id: int) -> None:
         """The sequence has finished; free anything kept for it."""
+
+    # prefix caching: a proposer with a cache of its own (a draft model) hands it over when a sequence ends, and
+    # copies a later sequence's shared prefix from it
+    def export_cache(self, seq_id: int) -> SeqKV | None:
+        """Take the sequence's cache (positions 0..length-1 hold its tokens' K/V) for a prefix entry; None: none."""
+        return None
+
+    def cache_of(self, seq_id: int) -> SeqKV | None:
+        """A running sequence's cache, to copy a shared prefix from (default: none kept)."""
+        return None
+
+    def import_cache(self, seq_id: int, source: SeqKV, positions: int) -> None:
+        """Start the sequence's cache from the first `positions` of a prefix entry's cache (default: nothing)."""
 
     # learned heads read the target's hidden states: the layers they need (Transformer.forward's aux_layers), and
     # the committed rows' states after each forward

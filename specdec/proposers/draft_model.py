@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecDecError
+from ..models.kv_cache import SeqKV
 from ..models.qwen2 import Transformer
 from ..models.runner import Span, forward_spans
 from ..tokenizer import Tokenizer
@@ -57,10 +58,13 @@ class DraftModelProposer(Proposer):
         """Feed prompt chunks (seq_id, start, token_ids) to the draft in the step that prefills them in the target,
         in one forward, so that a long prompt's draft prefill is paid before the first token instead of by the
         decode steps after it. A chunk that does not continue the draft's cache (a sequence that joined the draft
-        mid-way) is left to `propose`'s catch-up."""
+        mid-way) is left to `propose`'s catch-up; one whose start the cache already holds (a prefix cache hit
+        reused more of the draft's K/V than of the target's) feeds only what the cache lacks."""
         spans = []
         for seq_id, start, ids in chunks:
             kv = self.kv.get(seq_id)
+            if start < kv.length:
+                ids, start = ids[kv.length - start:], kv.length
             if kv.length != start or not ids or self.kv.extra_needed(seq_id, start + len(ids)) > self.kv.free:
                 continue                 # no room now: propose() catches up later
             self.kv.ensure(seq_id, start + len(ids))
@@ -127,6 +131,15 @@ class DraftModelProposer(Proposer):
 
     def release(self, seq_id: int) -> None:
         self.kv.free_seq(seq_id)
+
+    def export_cache(self, seq_id: int) -> SeqKV | None:
+        return self.kv.pop(seq_id)
+
+    def cache_of(self, seq_id: int) -> SeqKV | None:
+        return self.kv.caches.get(seq_id)
+
+    def import_cache(self, seq_id: int, source: SeqKV, positions: int) -> None:
+        self.kv.adopt_extra(seq_id, source, positions)
 
     @property
     def weight_bytes(self) -> int:

@@ -31,6 +31,7 @@ from .protocol import (
     logprobs_content,
     new_id,
     now,
+    prefix_affinity,
     seed_scope,
     shown,
     speculative_stats,
@@ -118,7 +119,8 @@ def create_app(state: ServerState) -> FastAPI:
     async def speculative_status():
         spec = state.engine.default_spec
         return {"default": {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens},
-                "traffic_fraction": state.traffic_fraction, "policy": state.engine.policy_status()}
+                "traffic_fraction": state.traffic_fraction, "policy": state.engine.policy_status(),
+                "prefix_cache": state.engine.prefix_cache_status()}
 
     @app.get("/v1/models")
     async def models():
@@ -346,7 +348,8 @@ async def _admit_and_submit(state: ServerState, req, encode, raw: Request, route
             raise _shutting_down()
         try:
             handle = await engine.submit(request_id, prompt_ids, params, spec,
-                                         pool=_pool_for(state, req.spec_pool, route), arm=arm, affinity=req.spec_pool)
+                                         pool=_pool_for(state, req.spec_pool, route), arm=arm,
+                                         affinity=req.spec_pool or prefix_affinity(prompt_ids))
         except QueueFull:                          # N replicas: every replica and the router's queue are full
             raise _queue_full(engine) from None
     except BaseException:
@@ -413,7 +416,7 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
     choice = ({"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs} if chat else
               {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs})
     return JSONResponse({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
-                         "usage": usage(stats.prompt_tokens, stats.completion_tokens),
+                         "usage": usage(stats.prompt_tokens, stats.completion_tokens, stats.cached_tokens),
                          "speculative": speculative_stats(stats, seed_scope)}, headers=where)
 
 
@@ -473,7 +476,8 @@ async def _stream(handle: RequestHandle, rid: str, created: int, model: str, cha
                 yield _sse(last)
                 if include_usage:
                     yield _sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                                "usage": usage(d.stats.prompt_tokens, d.stats.completion_tokens)})
+                                "usage": usage(d.stats.prompt_tokens, d.stats.completion_tokens,
+                                              d.stats.cached_tokens)})
             elif text or (lp_tokenizer is not None and d.logprobs):
                 yield _sse(chunk(text, lps=d.logprobs))
         yield "data: [DONE]\n\n"

@@ -100,6 +100,7 @@ class AsyncEngine:
         self._listening = False
         self.healthy = True
         self.last_error: str | None = None
+        self._prefix_status: dict = self.engine.prefix_cache_stats()   # a snapshot the engine thread refreshes
 
     # -- what the HTTP layer reads (RayEngineClient answers the same names for a set of replicas) ----------
     @property
@@ -125,6 +126,10 @@ class AsyncEngine:
 
     def policy_status(self) -> dict | None:
         return self.llm.policy_status()
+
+    def prefix_cache_status(self) -> dict:
+        """The prefix cache's queries, hits, hit rate and size, as of the engine thread's last step."""
+        return dict(self._prefix_status)
 
     def render_metrics(self) -> bytes:
         return self.metrics.render()
@@ -209,6 +214,8 @@ class AsyncEngine:
                 while not self._incoming and not self._handles:
                     if self._stopping:
                         return
+                    if self.engine.has_background_work():
+                        break                   # idle: settle the prefix cache, a bounded chunk at a time
                     self._wake.wait(timeout=1.0)
                     if time.monotonic() - last_log >= self.log_interval_s:
                         break
@@ -230,6 +237,14 @@ class AsyncEngine:
                 for out in outputs:
                     self._dispatch(out)
                 self._mark_started()
+            elif not incoming:
+                try:
+                    self.engine.settle()
+                except Exception:  # noqa: BLE001 - a failed settle drops the cache; requests are unaffected
+                    log.exception("prefix cache settle failed; clearing the cache")
+                    self.engine.reset_prefix_cache()
+            self._prefix_status = self.engine.prefix_cache_stats()
+            self.metrics.set_prefix_cache(self._prefix_status)
             self.metrics.set_queue(self.num_running, self.num_waiting)
             if time.monotonic() - last_log >= self.log_interval_s:
                 line = self.metrics.interval_log_line()

@@ -68,12 +68,33 @@ class ServerMetrics:
                                                           1024), registry=r).labels(**lbl)
         self.iteration_seqs = Histogram("specdec:iteration_num_seqs", "Sequences per engine forward", names,
                                         buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64), registry=r).labels(**lbl)
+        # prefix caching, in prompt tokens (vLLM's prefix_cache_queries / prefix_cache_hits counters)
+        self.prefix_queries = Counter("specdec:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                      names, registry=r).labels(**lbl)
+        self.prefix_hits = Counter("specdec:prefix_cache_hits", "Prompt tokens whose K/V came from the prefix cache",
+                                   names, registry=r).labels(**lbl)
+        self.prefix_tokens = Gauge("specdec:prefix_cache_tokens", "Tokens held by prefix cache entries", names,
+                                   registry=r).labels(**lbl)
+        self.prefix_bytes = Gauge("specdec:prefix_cache_bytes", "Bytes of K/V held by prefix cache entries", names,
+                                  registry=r).labels(**lbl)
+        self._prefix_seen = {"queries": 0, "hits": 0}
         self._lock = threading.Lock()
         self._window = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "draft_time": 0.0, "e2e_time": 0.0,
                         "tokens": 0.0, "since": time.monotonic()}
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def set_prefix_cache(self, status: dict) -> None:
+        """The engine's prefix cache counters (cumulative) and size."""
+        if not status.get("enabled"):
+            return
+        for name, counter in (("queries", self.prefix_queries), ("hits", self.prefix_hits)):
+            if status[name] > self._prefix_seen[name]:
+                counter.inc(status[name] - self._prefix_seen[name])
+                self._prefix_seen[name] = status[name]
+        self.prefix_tokens.set(status["tokens"])
+        self.prefix_bytes.set(status["bytes"])
 
     def set_queue(self, running: int, waiting: int) -> None:
         self.running.set(running)

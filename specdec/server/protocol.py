@@ -406,9 +406,23 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens the prefix cache supplied."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+PREFIX_AFFINITY_TOKENS = 64     # a prompt's first tokens, hashed: its replica when the client names no spec_pool
+
+
+def prefix_affinity(prompt_ids: list[int]) -> str:
+    """The routing tag of a prompt without a spec_pool: a hash of its first tokens, so that a conversation's turns
+    (and requests sharing a system prompt) go to the replica whose prefix cache holds them."""
+    import hashlib
+
+    head = ",".join(map(str, prompt_ids[:PREFIX_AFFINITY_TOKENS]))
+    return "prefix:" + hashlib.blake2b(head.encode(), digest_size=8).hexdigest()
 
 
 def seed_scope(params: SamplingParams, method: str) -> str | None:

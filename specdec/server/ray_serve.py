@@ -110,7 +110,8 @@ class EngineReplica:
 
     def record_routing_stats(self) -> dict:
         e = self.engine
-        return {"metrics": e.render_metrics().decode(), "policy": e.policy_status(), "running": e.num_running,
+        return {"metrics": e.render_metrics().decode(), "policy": e.policy_status(),
+                "prefix_cache": e.prefix_cache_status(), "running": e.num_running,
                 "waiting": e.num_waiting, "alive": e.alive, "last_error": e.last_error, "pid": os.getpid(),
                 "at": time.time()}
 
@@ -264,8 +265,8 @@ class RayEngineClient:
             handle = RemoteHandle(gen, first, self)
             self._reserved -= 1                      # on failure the app releases the admission
             self._inflight.add(handle)
-            if affinity is not None:
-                self.pool_replicas[affinity] = first.replica
+            if affinity is not None and not affinity.startswith("prefix:"):   # spec_pool tags (bounded), not
+                self.pool_replicas[affinity] = first.replica                   # every prompt's prefix hash
             return handle
         raise AssertionError("unreachable")
 
@@ -291,9 +292,18 @@ class RayEngineClient:
         texts["ingress"] = generate_latest(self._registry)
         return merge_labelled(texts)
 
+    def prefix_cache_status(self) -> dict:
+        """Every replica's prefix cache, and their queries and hits summed."""
+        caches = {rid: r.get("prefix_cache") or {} for rid, r in sorted(self._reports().items())}
+        queries = sum(c.get("queries", 0) for c in caches.values())
+        hits = sum(c.get("hits", 0) for c in caches.values())
+        return {"enabled": any(c.get("enabled") for c in caches.values()), "queries": queries, "hits": hits,
+                "hit_rate": hits / queries if queries else None, "replicas": caches}
+
     def policy_status(self) -> dict:
         reports = self._reports()
-        return {"routing": {"affinity": "spec_pool", "pools": dict(self.pool_replicas)},
+        return {"routing": {"affinity": "spec_pool, else a hash of the prompt's first 64 tokens",
+                            "pools": dict(self.pool_replicas)},
                 "replicas": {rid: {"running": r.get("running"), "waiting": r.get("waiting"), "alive": r.get("alive"),
                                    "pid": r.get("pid"), "policy": r.get("policy")}
                              for rid, r in sorted(reports.items())}}
