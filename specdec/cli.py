@@ -232,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--no-interleave", dest="interleave", action="store_false",
                     help="run each endpoint through the whole set in turn (default: prompt i, or round i of "
                          "`concurrency` prompts, goes to every endpoint before the next)")
+    bs.add_argument("--turns", type=int, default=0,
+                    help="multi-turn conversations of N turns, each resending the history (--dataset builtin: a "
+                         "module's source then questions about it; sharegpt[:N]: ShareGPT conversations); reports "
+                         "TTFT per turn. Interleaved by turn unless --no-interleave (turns back to back)")
     return parser
 
 
@@ -326,8 +330,14 @@ def cmd_bench_serve(args) -> int:
     cfg = ServeBenchConfig(endpoints=args.endpoint, dataset=args.dataset, model=args.model,
                            concurrency=_csv(args.concurrency, int, "--concurrency"), max_tokens=args.max_tokens,
                            temperature=args.temperature, seed=args.seed, out=args.out, labels=args.label,
-                           extra_body=extra, api_key=args.api_key, interleave=args.interleave)
+                           extra_body=extra, api_key=args.api_key, interleave=args.interleave, turns=args.turns)
     result = run_serve_bench(cfg)
+    if cfg.turns:
+        from .bench.conversations import render_conversation_report
+
+        print(render_conversation_report(result))
+        print(f"wrote {args.out}/results.json and report.md")
+        return 0
     print(render_serve_report(result, []))
     print(f"wrote {args.out}/results.json, report.md and plots")
     return 0

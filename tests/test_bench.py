@@ -2,6 +2,7 @@
 import pytest
 
 from specdec.cli import main
+from specdec.errors import SpecDecError
 
 
 def test_bench_decode_is_folded_into_offline(capsys):
@@ -117,3 +118,48 @@ def test_overhead_pairs_served_and_offline_prompts(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| a | 1 | 0.950 | +5.0% |" in out and "| b | 1 | 1.000 | +0.0% |" in out and "| all | 2 | 0.975 |" in out
     assert overhead([str(tmp_path / "o.json"), str(tmp_path / "missing.json")]) == 1
+
+
+def test_bench_serve_conversations_resend_each_endpoints_own_history(monkeypatch, tmp_path):
+    """--turns: turn t of a conversation goes to every endpoint (order rotating) before turn t + 1; each endpoint
+    gets its own answers back as the assistant's turns; TTFT is summarized per turn and over turns 2..N."""
+    from specdec.bench import serve as bs
+
+    seen = []
+
+    async def fake_one(client, url, body, headers):
+        msgs = body["messages"]
+        turn = sum(m["role"] == "user" for m in msgs)
+        seen.append((url, turn, [m["content"][:12] for m in msgs]))
+        if body["max_tokens"] == 8:                     # the warm-up
+            return {"ok": True, "text": "hi", "ttft_s": 0.1, "e2e_s": 0.2, "decode_tok_s": None, "itl_s": []}
+        slow = url.endswith("b")
+        return {"ok": True, "error": None, "text": f"{url[-1]}-answer-{turn}",
+                "ttft_s": (2.0 if turn == 1 else 0.2) * (2 if slow else 1), "e2e_s": 3.0, "itl_s": [],
+                "decode_tok_s": 10.0, "output_tokens": 5, "prompt_tokens": 100 * turn,
+                "cached_tokens": None if slow else 90 * (turn - 1)}
+
+    monkeypatch.setattr(bs, "_one", fake_one)
+    cfg = bs.ServeBenchConfig(endpoints=["http://a", "http://b"], model="m", out=str(tmp_path), turns=3)
+    result = bs.run_serve_bench(cfg, progress=False)
+    timed = [(url[-1], turn) for url, turn, _ in seen if not (turn == 1 and len(_) == 1 and _[0] == "Say hello.")]
+    first = timed[:6]                                   # conversation 0: a, b | b, a | a, b by turn
+    assert first == [("a", 1), ("b", 1), ("b", 2), ("a", 2), ("a", 3), ("b", 3)]
+    third_turn_b = next(msgs for url, turn, msgs in seen if url.endswith("b") and turn == 3)
+    assert third_turn_b[1] == "b-answer-1" and third_turn_b[3] == "b-answer-2" and len(third_turn_b) == 5
+    rows = {r["endpoint"]: r for r in result["summary"]}
+    a, b = rows["0:http://a"], rows["1:http://b"]
+    assert a["ttft_turn1_p50_s"] == pytest.approx(2.0) and a["ttft_later_p50_s"] == pytest.approx(0.2)
+    assert b["ttft_by_turn_p50_s"] == pytest.approx([4.0, 0.4, 0.4])
+    assert a["cached_tokens_mean_later"] == pytest.approx(135) and b["cached_tokens_mean_later"] is None
+    assert a["requests"] == 3 * len(bs_conversations()) and b["identical_to_first"] == 0.0
+    assert "| 0:http://a | 2000 | 200 |" in (tmp_path / "report.md").read_text()
+    with pytest.raises(SpecDecError, match="one conversation at a time"):
+        bs.run_serve_bench(bs.ServeBenchConfig(endpoints=["http://a"], model="m", turns=2, concurrency=[2],
+                                               out=str(tmp_path)), progress=False)
+
+
+def bs_conversations():
+    from specdec.bench.conversations import load_conversations
+
+    return load_conversations("builtin", 3)

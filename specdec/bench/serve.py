@@ -41,6 +41,7 @@ class ServeBenchConfig:
     api_key: str | None = None
     timeout_s: float = 600.0
     interleave: bool = True
+    turns: int = 0                       # > 0: multi-turn conversations (bench/conversations.py), TTFT per turn
 
     def __post_init__(self):
         if not self.endpoints:
@@ -67,7 +68,7 @@ class ServeBenchConfig:
 
 async def _one(client, url: str, body: dict, headers: dict) -> dict:
     rec = {"ok": False, "error": None, "ttft_s": None, "e2e_s": None, "itl_s": [], "output_tokens": None,
-           "decode_tok_s": None,
+           "decode_tok_s": None, "prompt_tokens": None, "cached_tokens": None,
            "text": "", "finish_reason": None, "speculative": None}
     start = time.perf_counter()
     last = None
@@ -93,6 +94,8 @@ async def _one(client, url: str, body: dict, headers: dict) -> dict:
                     return rec
                 if obj.get("usage"):
                     rec["output_tokens"] = obj["usage"].get("completion_tokens")
+                    rec["prompt_tokens"] = obj["usage"].get("prompt_tokens")
+                    rec["cached_tokens"] = (obj["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
                 if obj.get("speculative"):
                     rec["speculative"] = obj["speculative"]
                 for ch in obj.get("choices") or []:
@@ -240,6 +243,9 @@ def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
     from ..utils import write_json_atomic, write_text_atomic
     from .offline import machine_info
 
+    if cfg.turns:
+        return _run_conversation_bench(cfg, progress)
+
     prompts = load_prompts(cfg.dataset, cfg.seed)
     out = Path(cfg.out)
     models = [cfg.model or _served_model(u, cfg.api_key) for u in cfg.endpoints]
@@ -284,6 +290,36 @@ def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     plots = write_serve_plots(result, out)
     write_text_atomic(out / "report.md", render_serve_report(result, plots))
+    write_json_atomic(out / "results.json", result)
+    return result
+
+
+def _run_conversation_bench(cfg: ServeBenchConfig, progress: bool) -> dict:
+    import torch
+
+    from ..utils import write_json_atomic, write_text_atomic
+    from .conversations import (
+        load_conversations,
+        render_conversation_report,
+        run_conversations,
+        summarize_conversations,
+    )
+    from .offline import machine_info
+
+    if cfg.concurrency != [1]:
+        raise SpecDecError("--turns runs one conversation at a time: leave --concurrency at 1")
+    convs = load_conversations(cfg.dataset, cfg.turns, cfg.seed)        # bad input before any request
+    models = [cfg.model or _served_model(u, cfg.api_key) for u in cfg.endpoints]
+    for idx in range(len(cfg.endpoints)):        # warm-up, untimed (a prompt no conversation shares)
+        asyncio.run(_level(ServeBenchConfig(**{**asdict(cfg), "max_tokens": 8, "turns": 0}), idx, models[idx],
+                           [{"messages": [{"role": "user", "content": "Say hello."}], "category": "warm"}], 1))
+    requests = run_conversations(cfg, models, _one, progress)
+    result = {"config": {**asdict(cfg), "models": models, "num_conversations": len(convs)},
+              "machine": machine_info(torch.get_num_threads()), "requests": requests,
+              "summary": summarize_conversations(requests, cfg.labels, cfg.turns)}
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "report.md", render_conversation_report(result))
     write_json_atomic(out / "results.json", result)
     return result
 
