@@ -236,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="multi-turn conversations of N turns, each resending the history (--dataset builtin: a "
                          "module's source then questions about it; sharegpt[:N]: ShareGPT conversations); reports "
                          "TTFT per turn. Interleaved by turn unless --no-interleave (turns back to back)")
+    bs.add_argument("--think-time", type=float, default=0.0,
+                    help="--turns: seconds to pause after each answer before the next request (a user reading)")
     return parser
 
 
@@ -330,7 +332,8 @@ def cmd_bench_serve(args) -> int:
     cfg = ServeBenchConfig(endpoints=args.endpoint, dataset=args.dataset, model=args.model,
                            concurrency=_csv(args.concurrency, int, "--concurrency"), max_tokens=args.max_tokens,
                            temperature=args.temperature, seed=args.seed, out=args.out, labels=args.label,
-                           extra_body=extra, api_key=args.api_key, interleave=args.interleave, turns=args.turns)
+                           extra_body=extra, api_key=args.api_key, interleave=args.interleave, turns=args.turns,
+                           think_time_s=args.think_time)
     result = run_serve_bench(cfg)
     if cfg.turns:
         from .bench.conversations import render_conversation_report

@@ -8,8 +8,10 @@ messages are sent in order, and each endpoint's own answers go back as the assis
 
 Interleaved (the default), each turn goes to every endpoint in turn (the order rotating from turn to turn) before
 the next turn of the conversation: while one server answers, the other is idle, as a server is while its user
-reads and types. `--no-interleave` runs each endpoint through a whole conversation back to back (the next turn
-sent the moment the last one ends: an agent loop).
+reads and types. `--think-time S` pauses S seconds after every answer, before the next request to any endpoint: the
+reading time, during which a server may finish background work (specdec settles its prefix cache) without it
+landing in another server's measurement. `--no-interleave` with no think time runs each endpoint through a whole
+conversation back to back (the next turn sent the moment the last one ends: an agent loop).
 """
 from __future__ import annotations
 
@@ -101,6 +103,8 @@ def run_conversations(cfg, models: list[str], one, progress: bool = True) -> lis
                     rec = await _turn(one, client, cfg.endpoints[idx], models[idx], histories[idx], cfg, idx,
                                       cfg.seed + c)
                     histories[idx].append({"role": "assistant", "content": rec["text"]})
+                    if cfg.think_time_s:
+                        await asyncio.sleep(cfg.think_time_s)
                     recs.append({"endpoint": cfg.labels[idx], "conversation": conv["id"], "turn": t + 1,
                                  "category": conv["category"], **rec})
         return recs
@@ -144,7 +148,8 @@ def render_conversation_report(result: dict) -> str:
     num = lambda x, f: "-" if x is None else format(x, f)     # noqa: E731
     lines = [f"# specdec bench serve: {cfg['turns']}-turn conversations ({cfg['dataset']})", "",
              f"{cfg['num_conversations']} conversations, max_tokens {cfg['max_tokens']}, temperature "
-             f"{cfg['temperature']}, {'interleaved by turn' if cfg['interleave'] else 'back to back'}. TTFT in ms.",
+             f"{cfg['temperature']}, {'interleaved by turn' if cfg['interleave'] else 'back to back'}, think time "
+             f"{cfg['think_time_s']:g} s. TTFT in ms; identical: answers equal to the first endpoint's.",
              "", "| endpoint | turn 1 | turns 2-" + str(cfg["turns"]) + " P50 | P90 | "
              + " | ".join(f"turn {t}" for t in range(1, cfg["turns"] + 1))
              + " | decode tok/s P50 | cached tokens (turns 2+) | last prompt tokens | identical |",

@@ -42,6 +42,7 @@ class ServeBenchConfig:
     timeout_s: float = 600.0
     interleave: bool = True
     turns: int = 0                       # > 0: multi-turn conversations (bench/conversations.py), TTFT per turn
+    think_time_s: float = 0.0            # conversations: pause after each answer (a user reading), before the next
 
     def __post_init__(self):
         if not self.endpoints:
@@ -52,6 +53,8 @@ class ServeBenchConfig:
         self.endpoints = [e.rstrip("/").removesuffix("/v1") for e in self.endpoints]
         if any(c < 1 for c in self.concurrency) or not self.concurrency:
             raise SpecDecError(f"--concurrency values must be >= 1, got {self.concurrency}")
+        if self.think_time_s < 0:
+            raise SpecDecError("--think-time must be >= 0")
         if self.max_tokens < 1 or self.temperature < 0:
             raise SpecDecError("--max-tokens must be >= 1 and --temperature >= 0")
         if self.labels and len(self.labels) != len(self.endpoints):
