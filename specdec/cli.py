@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--spec-heads", default=None,
                     help="learned heads loaded beside the default method, METHOD[=DIR] comma-separated (e.g. "
                          "'eagle3,medusa': the shipped ones): requests may name them, and auto weighs them")
+    sv.add_argument("--suffix-cache", default=None,
+                    help="suffix decoding: keep each spec_pool's past outputs in this file (read at start when it "
+                         "exists, written atomically every 16 finished requests and at shutdown)")
     sv.add_argument("--spec-traffic-fraction", type=float, default=1.0,
                     help="share of requests (stable by request id) that may speculate; the rest decode plainly")
     sv.add_argument("--spec-max-load", type=int, default=4,
@@ -175,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     bo = bsub.add_parser("offline", help="A/B evaluation on real prompts: results.json, report.md, plots")
     _add_model_args(bo)
     bo.add_argument("--prompts", default="builtin",
-                    help="builtin | structured | humaneval[:N] | sharegpt[:N] | a JSONL file of {messages, category}; "
+                    help="builtin | structured | humaneval[:N] | humaneval-twice[:N] (N problems, then the same N "
+                         "in other words, one pool) | sharegpt[:N] | a JSONL file of {messages, category[, pool]}; "
                          "several joined with commas")
     bo.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
     bo.add_argument("--methods", default="none,ngram,draft",

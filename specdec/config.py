@@ -14,8 +14,10 @@ class Method:
     name: str
     default_k: int                      # measured on the 2-core CPU (docs/tuning.md, "Choosing k")
     kind: str                           # plain: no proposer | lookup: proposes from the sequence itself, free of
-                                        # forwards | model: a draft model's step per token | head: a learned head
-                                        # reading the target's hidden states | policy: picks among the others
+                                        # forwards | cache: from what the request's pool generated before and the
+                                        # sequence itself, free of forwards | model: a draft model's step per token
+                                        # | head: a learned head reading the target's hidden states | policy: picks
+                                        # among the others
     prior_alpha: float | None = None    # the policy's acceptance before any observation (greedy)
     tree: bool = False                  # can draft a token tree (eagle_topk > 1)
     trainable: bool = False             # `specdec train-head --method` trains it
@@ -32,6 +34,7 @@ class Method:
 METHOD_TABLE: dict[str, Method] = {m.name: m for m in (
     Method("none", 0, "plain"),
     Method("ngram", 8, "lookup", prior_alpha=0.3),
+    Method("suffix", 8, "cache", prior_alpha=0.3),
     Method("draft", 4, "model", prior_alpha=0.8, needs="a draft model; none is loaded"),
     Method("eagle3", 4, "head", prior_alpha=0.5, tree=True, trainable=True, needs="its head loaded at start-up"),
     Method("eagle", 4, "head", prior_alpha=0.5, tree=True, needs="its head loaded at start-up"),
@@ -47,7 +50,7 @@ MODEL_METHODS = tuple(m.name for m in METHOD_TABLE.values() if m.drafts_with_mod
 
 @dataclass
 class SpeculativeConfig:
-    method: str = "none"                    # none | ngram | draft | auto (policy picks per request)
+    method: str = "none"                    # none | ngram | suffix | draft | eagle3 | eagle | medusa | auto
     num_speculative_tokens: int | None = None   # k; None = the method's default
     model: str | None = None                # draft model (method "draft") or head directory (eagle3, medusa);
                                             # None = the default draft / the head shipped for the default target

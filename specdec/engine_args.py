@@ -40,6 +40,7 @@ class EngineArgs:
     policy: PolicyConfig | None = None          # method auto's, per request or per server (None: the defaults, k_max
                                                 # = num_speculative_tokens when the method is auto)
     enable_prefix_caching: bool = True          # keep finished requests' K/V for prompts that share a prefix
+    suffix_cache: str | None = None             # suffix decoding's pools: read at start if present, saved as they grow
     progress: bool = True                       # progress bars while models load
 
     def __post_init__(self):
@@ -94,7 +95,8 @@ class EngineArgs:
             return cls(target=args.target, draft=draft, speculative=spec, dtype=args.dtype, device=args.device,
                        max_model_len=args.max_model_len, num_threads=args.threads, quantization=args.quantization,
                        heads=heads, head_quantization=args.head_quantization, scheduler=scheduler, policy=policy,
-                       enable_prefix_caching=args.enable_prefix_caching)
+                       enable_prefix_caching=args.enable_prefix_caching,
+                       suffix_cache=getattr(args, "suffix_cache", None))
         except ValueError as exc:
             raise SpecDecError(str(exc)) from None
 

@@ -110,6 +110,13 @@ class LLM:
                                 row_cost=self.row_cost if self.heads else None,
                                 enable_prefix_caching=args.enable_prefix_caching)
         self._ids = itertools.count()
+        if args.suffix_cache and os.path.exists(args.suffix_cache):
+            self.engine.proposers["suffix"].load(args.suffix_cache)
+
+    def save_suffix_cache(self) -> None:
+        """Write suffix decoding's pools to `suffix_cache` (atomically), when one is set."""
+        if self.args.suffix_cache:
+            self.engine.proposers["suffix"].save(self.args.suffix_cache)
 
     @property
     def max_model_len(self) -> int:
@@ -129,7 +136,7 @@ class LLM:
         """The speculation policy (created on first use; its cost model is measured once per machine and cached)."""
         if self._policy is None:
             cfg = cfg or self.args.policy_config
-            available = available or ("ngram", *(("draft",) if self.draft is not None else ()), *self.heads)
+            available = available or ("ngram", *(("draft",) if self.draft is not None else ()), *self.heads, "suffix")
             self._policy = SpeculationPolicy(cost or self.cost_model(cfg.k_max), cfg, available)
         return self._policy
 

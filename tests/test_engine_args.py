@@ -31,6 +31,8 @@ def test_from_serve_flags_defaults():
     args = EngineArgs.from_cli_args(_serve())
     assert args.speculative.method == "auto" and args.draft is None and args.heads == {}
     assert args.scheduler.itl_target_s == pytest.approx(0.8)
+    assert args.enable_prefix_caching is True
+    assert EngineArgs.from_cli_args(_serve("--no-enable-prefix-caching")).enable_prefix_caching is False
     # a fixed method keeps no policy of its own; the draft flag only feeds methods that use a draft
     fixed = EngineArgs.from_cli_args(_serve("--draft", "d.gguf", "--speculative-config", '{"method": "ngram"}'))
     assert fixed.policy is None and fixed.draft is None and fixed.speculative.method == "ngram"

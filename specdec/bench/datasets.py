@@ -19,7 +19,8 @@ HUMANEVAL_N = 164               # all of HumanEval unless humaneval:N
 
 def load_prompts(source: str, seed: int = 0) -> list[dict]:
     """`builtin`, `long[:N]` (retrieval over ~2k-token documents, whole-module code edits), `structured` (20
-    JSON-schema requests), `humaneval[:N]`, `sharegpt[:N]` or a path to a JSONL file
+    JSON-schema requests), `humaneval[:N]`, `humaneval-twice[:N]` (N problems, then the same N asked again in
+    other words, one pool), `sharegpt[:N]` or a path to a JSONL file (lines may name a `pool`)
     (lines may carry a `response_format`); several joined with commas (`builtin,sharegpt:32`)
     are concatenated in that order."""
     if "," in source and not Path(source).is_file():
@@ -36,6 +37,8 @@ def load_prompts(source: str, seed: int = 0) -> list[dict]:
         return [dict(p) for p in STRUCTURED_PROMPTS]
     if source == "humaneval" or source.startswith("humaneval:"):
         return load_humaneval(source_count(source, HUMANEVAL_N))
+    if source == "humaneval-twice" or source.startswith("humaneval-twice:"):
+        return load_humaneval_twice(source_count(source, 24))
     if source == "sharegpt" or source.startswith("sharegpt:"):
         return sample_sharegpt(source_count(source, SHAREGPT_DEFAULT_N), seed)
     return load_jsonl(Path(source))
@@ -74,6 +77,19 @@ def humaneval_request(problem: dict) -> dict:
     return {"category": "code-gen", "task_id": problem["task_id"], "messages": [{"role": "user", "content":
             "Complete the following Python function. Answer with the whole function in a Python code block.\n\n"
             f"```python\n{problem['prompt']}```"}]}
+
+
+def load_humaneval_twice(n: int) -> list[dict]:
+    """A repetitive workload from real data: the first n HumanEval problems asked once (category first-pass), then
+    the same n asked again in other words (second-pass), all in one speculation pool: what suffix decoding learns
+    from a pool's earlier answers, as when users or agents ask the same thing again."""
+    problems = humaneval_problems()[:n]
+    first = [{**humaneval_request(p), "category": "first-pass", "pool": "humaneval-twice"} for p in problems]
+    second = [{"category": "second-pass", "pool": "humaneval-twice", "task_id": p["task_id"],
+               "messages": [{"role": "user", "content": "Implement this Python function. Reply with the complete "
+                             f"function in a code block, no explanation.\n\n```python\n{p['prompt']}```"}]}
+              for p in problems]
+    return first + second
 
 
 def load_humaneval(n: int) -> list[dict]:
@@ -116,7 +132,11 @@ def _check_request(obj, where: str) -> dict:
     rf = obj.get("response_format")
     if rf is not None and not isinstance(rf, dict):
         raise SpecDecError(f"{where}: 'response_format' must be an object")
-    return {"messages": msgs, "category": category, **({"response_format": rf} if rf else {})}
+    pool = obj.get("pool")
+    if pool is not None and (not isinstance(pool, str) or not pool):
+        raise SpecDecError(f"{where}: 'pool' must be a non-empty string")
+    return {"messages": msgs, "category": category, **({"response_format": rf} if rf else {}),
+            **({"pool": pool} if pool else {})}
 
 
 def _json_array_items(text: str):

@@ -255,8 +255,10 @@ def _run_all(cfg: OfflineBenchConfig, llm, prompts, prompt_ids, specs: dict, pee
                 for (m, k), spec in specs.items():
                     run = {"method": m, "k": k, **where}
                     try:
-                        # pool = category: auto's policy learns each category's acceptance
-                        o = llm.generate(ids, params, spec=spec, pool=prompt["category"],
+                        # pool = the prompt's pool (default: its category), one per method: auto's policy learns
+                        # each pool's acceptance, suffix decoding its outputs, each from its own runs only (another
+                        # method's run of the same prompt would hand suffix decoding the answer)
+                        o = llm.generate(ids, params, spec=spec, pool=f"{prompt.get('pool', prompt['category'])}/{m}",
                                          request_id=f"{i}-{rep}-{temp}")[0]
                         if m == "auto":
                             run.update({"chosen_method": o.stats.method, "chosen_k": o.stats.num_speculative_tokens,

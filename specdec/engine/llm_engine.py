@@ -37,6 +37,7 @@ from .output import StepInfo, StepOutput, StreamDelta
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Sequence, SpecState
 
+READ_BACK = 16         # tokens before a prompt chunk handed to proposers that read prompts (see _read_prompts)
 FORCED = "forced"      # a _Plan's source when the grammar's next tokens are verified without drafting
 
 
@@ -151,6 +152,8 @@ class LLMEngine:
         seq.stats.method, seq.stats.num_speculative_tokens, seq.stats.policy_reason = d.method, d.k, d.reason
         if METHOD_TABLE[d.method].kind == "plain":
             sp.method, sp.k = d.method, 0
+        elif METHOD_TABLE[d.method].kind == "cache":      # suffix decoding outdraws the others here: it runs alone
+            sp.method, sp.k = d.method, d.k
         else:   # the draft (when chosen) and prompt lookup side by side; the step controller picks per step
             sp.k = policy.cfg.k_max
             sp.controller = policy.controller(d, sp.pool, p.temperature, len(seq.prompt_ids),
@@ -316,7 +319,11 @@ class LLMEngine:
         """The step's prompt chunks, to the proposers that read prompts themselves (a draft model), in the step that
         prefills them in the target."""
         for name, proposer in self.proposers.items():
-            chunks = [(s.seq_id, s.num_computed, s.token_ids[s.num_computed:s.num_computed + n])
+            # each chunk starts a few tokens early: after a prefix cache hit the draft's own cache may end a little
+            # before the target's (it lacks the newest token's K/V), and the overlap lets it catch up here, in the
+            # prefill, instead of in its first decode step (a proposer skips what its cache already holds)
+            chunks = [(s.seq_id, max(0, s.num_computed - READ_BACK), s.token_ids[max(0, s.num_computed - READ_BACK):
+                                                                                 s.num_computed + n])
                       for s, n in prefills if self._drafter(s) == name]
             if chunks:
                 proposer.prefill(chunks)
@@ -376,7 +383,7 @@ class LLMEngine:
     def _context(self, seq: Sequence, k: int) -> ProposalContext:
         sp = seq.spec
         return ProposalContext(seq.seq_id, seq.token_ids, seq.params, seq.generator, seq.constraint, sp.topk,
-                               min(sp.depth, k), self.row_cost, sp.prompt_lookup_max, sp.prompt_lookup_min)
+                               min(sp.depth, k), self.row_cost, sp.prompt_lookup_max, sp.prompt_lookup_min, sp.pool)
 
     def _commit(self, seq: Sequence, plan: _Plan | None, num_accepted: int, emitted: list[int],
                 t0: float, t1: float, t2: float) -> list[int]:
@@ -420,6 +427,8 @@ class LLMEngine:
     def _finish(self, seq: Sequence) -> None:
         self.seqs.pop(seq.request_id, None)
         self._release(seq, keep=True)
+        for proposer in self.proposers.values():          # what a pool's requests generate (suffix decoding)
+            proposer.learn(seq.spec.pool, seq.prompt_ids, seq.output_ids)
         d = seq.spec.decision
         if d is not None:                                 # the one place the policy hears of an outcome
             self.policy.record(seq.spec.pool, d, seq.params.temperature, seq.stats, seq.spec.controller)

@@ -108,7 +108,7 @@ class KVManager:
         if cap != kv.capacity:
             self.allocated += cap - kv.capacity
             kv.resize(cap)
-        for old in self.prefix.insert(tokens[:cap], kv, exact, extras):
+        for old in self.prefix.insert(tokens[:cap], kv, exact, extras):     # superseded, or the new one itself
             self.allocated -= old.kv.capacity
 
     def clear_prefix_cache(self) -> None:

@@ -110,9 +110,14 @@ class PrefixCache:
         return best
 
     def insert(self, tokens: list[int], kv: SeqKV, exact: int, extras: dict[str, SeqKV]) -> list[PrefixEntry]:
-        """Keep a finished sequence's caches; returns the entries it supersedes (their tokens a prefix of the new
-        one's, nothing exact beyond it), removed here for the caller to free."""
+        """Keep a finished sequence's caches; returns the entries to free: those it supersedes (their tokens a
+        prefix of the new one's, nothing exact beyond it), or the new one itself when an entry already holds all
+        of its tokens exactly (a conversation's earlier turn replayed)."""
         entry = PrefixEntry(np.asarray(tokens, dtype=np.int64), kv, min(exact, kv.length, len(tokens)), extras)
+        for e in self.entries.values():
+            if e.exact >= len(entry.tokens) and common_prefix(e.tokens, entry.tokens) == len(entry.tokens):
+                self.entries.move_to_end(e.entry_id)
+                return [entry]
         dropped = [e for e in self.entries.values()
                    if not e.pinned and len(e.tokens) <= len(entry.tokens)
                    and common_prefix(e.tokens, entry.tokens) == len(e.tokens) and e.exact <= entry.exact]

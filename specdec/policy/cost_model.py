@@ -140,11 +140,12 @@ def prefill_pays(cost: CostModel, context: int, max_tokens: int, speedup: float)
 
 
 def proposal_cost(method: str, k: int, cost: CostModel) -> float:
-    """Time spent proposing k tokens, in target-step units: k draft steps, one n-gram lookup, or a head's steps."""
+    """Time spent proposing k tokens, in target-step units: k draft steps, one lookup (prompt or suffix), or a
+    head's steps."""
     kind = METHOD_TABLE[method].kind if method in METHOD_TABLE else None
     if kind == "model":
         return k * cost.draft_step
-    if kind == "lookup":
+    if kind in ("lookup", "cache"):       # a search of token arrays: priced like prompt lookup
         return cost.lookup
     if kind == "head" and method in cost.heads:
         first, further = cost.heads[method]

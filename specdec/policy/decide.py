@@ -131,7 +131,8 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
                                         f"< {cfg.min_speedup:.2f}x (α={best.alpha:.2f})", best.alpha)
     models = [d for m, d in cands.items() if m in MODEL_METHODS]
     draft = max(models, key=lambda d: d.expected_speedup) if models else None
-    if draft is not None and draft.expected_speedup >= cfg.min_speedup and "ngram" in available:
+    cached = best.method not in MODEL_METHODS and METHOD_TABLE[best.method].kind == "cache"
+    if draft is not None and draft.expected_speedup >= cfg.min_speedup and "ngram" in available and not cached:
         # the best model proposer (draft model or head) runs whenever it pays: prompt lookup still takes the steps
         # where its guess is the better bet (StepController), so the pair does at least as well as lookup alone
         draft.reason += f" (lookup where it beats the {draft.method})"

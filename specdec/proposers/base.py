@@ -31,6 +31,7 @@ class ProposalContext:
     row_cost: Callable[[int], float] | None = None
     prompt_lookup_max: int = 4             # prompt lookup: the request's n-gram sizes (vLLM's names)
     prompt_lookup_min: int = 1
+    pool: str = "default"                  # the request's speculation pool (suffix decoding searches its outputs)
 
     @property
     def tree(self) -> bool:
@@ -89,13 +90,17 @@ class Proposer(ABC):
 
     def prefill(self, chunks: list[tuple[int, int, list[int]]]) -> None:
         """Prompt chunks (seq_id, start, token_ids) the target prefills this step, for a proposer that must read the
-        prompt itself (a draft model); default: nothing to read."""
+        prompt itself (a draft model); a chunk may begin with tokens the proposer already read (skip those).
+        Default: nothing to read."""
 
     def observe(self, result: VerifyResult) -> None:
         """Called after each verification (default: nothing to learn)."""
 
     def release(self, seq_id: int) -> None:
         """The sequence has finished; free anything kept for it."""
+
+    def learn(self, pool: str, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """A request of `pool` finished with these tokens (suffix decoding keeps them; default: nothing)."""
 
     # prefix caching: a proposer with a cache of its own (a draft model) hands it over when a sequence ends, and
     # copies a later sequence's shared prefix from it

@@ -120,7 +120,7 @@ def create_app(state: ServerState) -> FastAPI:
         spec = state.engine.default_spec
         return {"default": {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens},
                 "traffic_fraction": state.traffic_fraction, "policy": state.engine.policy_status(),
-                "prefix_cache": state.engine.prefix_cache_status()}
+                "prefix_cache": state.engine.prefix_cache_status(), "suffix": state.engine.suffix_status()}
 
     @app.get("/v1/models")
     async def models():

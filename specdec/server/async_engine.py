@@ -26,6 +26,8 @@ from .compute import ComputeThread
 from .metrics import ServerMetrics
 
 log = logging.getLogger("specdec.server")
+SETTLE_AFTER_IDLE_S = 0.3   # the engine settles the prefix cache only after this long without requests
+SUFFIX_SAVE_EVERY = 16      # finished requests between writes of --suffix-cache
 
 
 def warm_tokenizer(tokenizer) -> None:
@@ -101,6 +103,8 @@ class AsyncEngine:
         self.healthy = True
         self.last_error: str | None = None
         self._prefix_status: dict = self.engine.prefix_cache_stats()   # a snapshot the engine thread refreshes
+        self._finished_since_save = 0
+        self._last_busy = time.monotonic()         # the engine thread's last step with requests
 
     # -- what the HTTP layer reads (RayEngineClient answers the same names for a set of replicas) ----------
     @property
@@ -126,6 +130,11 @@ class AsyncEngine:
 
     def policy_status(self) -> dict | None:
         return self.llm.policy_status()
+
+    def suffix_status(self) -> dict | None:
+        """Suffix decoding's pools: how many, their tokens and bytes (bounded per pool)."""
+        suffix = self.engine.proposers.get("suffix")
+        return suffix.status() if suffix is not None else None
 
     def prefix_cache_status(self) -> dict:
         """The prefix cache's queries, hits, hit rate and size, as of the engine thread's last step."""
@@ -204,6 +213,10 @@ class AsyncEngine:
             self._wake.notify()
         if self._worker is not None:
             wait([self._worker], timeout=10)
+        try:
+            self.compute.call(self.llm.save_suffix_cache)
+        except Exception:  # noqa: BLE001 - a failed save loses what the pools learned since the last one, no more
+            log.exception("could not save the suffix cache")
         self.compute.stop()
 
     # -- worker thread ---------------------------------------------------------------------------------
@@ -214,8 +227,14 @@ class AsyncEngine:
                 while not self._incoming and not self._handles:
                     if self._stopping:
                         return
+                    idle = time.monotonic() - self._last_busy
                     if self.engine.has_background_work():
-                        break                   # idle: settle the prefix cache, a bounded chunk at a time
+                        # idle for a moment (a client sending its next call at once finds the engine free): settle
+                        # the prefix cache, a bounded chunk at a time
+                        if idle >= SETTLE_AFTER_IDLE_S:
+                            break
+                        self._wake.wait(timeout=SETTLE_AFTER_IDLE_S - idle)
+                        continue
                     self._wake.wait(timeout=1.0)
                     if time.monotonic() - last_log >= self.log_interval_s:
                         break
@@ -237,6 +256,7 @@ class AsyncEngine:
                 for out in outputs:
                     self._dispatch(out)
                 self._mark_started()
+                self._last_busy = time.monotonic()
             elif not incoming:
                 try:
                     self.engine.settle()
@@ -301,3 +321,10 @@ class AsyncEngine:
         if delta.finished:
             self._handles.pop(handle.request_id, None)
             self.metrics.observe_finished(delta.stats, handle.arrival, handle.arm)
+            self._finished_since_save += 1
+            if self._finished_since_save >= SUFFIX_SAVE_EVERY:
+                self._finished_since_save = 0
+                try:
+                    self.llm.save_suffix_cache()
+                except Exception:  # noqa: BLE001 - the server goes on; the next save tries again
+                    log.exception("could not save the suffix cache")

@@ -55,6 +55,9 @@ def check_server_args(args) -> None:
         raise SpecDecError("--max-spec-pools must be >= 0")
     if args.drain_timeout < 0:
         raise SpecDecError("--drain-timeout must be >= 0")
+    if args.suffix_cache and (args.replicas is not None or args.ray_address or args.autoscaling_config):
+        raise SpecDecError("--suffix-cache is for one server process: with --replicas each replica keeps its "
+                           "pools in memory")
     EngineArgs.from_cli_args(args)             # the engine's own flags: checked where EngineArgs is built
 
 

@@ -111,7 +111,7 @@ class EngineReplica:
     def record_routing_stats(self) -> dict:
         e = self.engine
         return {"metrics": e.render_metrics().decode(), "policy": e.policy_status(),
-                "prefix_cache": e.prefix_cache_status(), "running": e.num_running,
+                "prefix_cache": e.prefix_cache_status(), "suffix": e.suffix_status(), "running": e.num_running,
                 "waiting": e.num_waiting, "alive": e.alive, "last_error": e.last_error, "pid": os.getpid(),
                 "at": time.time()}
 
@@ -291,6 +291,10 @@ class RayEngineClient:
         texts = {rid: r["metrics"] for rid, r in sorted(reports.items()) if r.get("metrics")}
         texts["ingress"] = generate_latest(self._registry)
         return merge_labelled(texts)
+
+    def suffix_status(self) -> dict:
+        """Every replica's suffix decoding pools (each replica keeps the pools routed to it)."""
+        return {"replicas": {rid: r.get("suffix") for rid, r in sorted(self._reports().items())}}
 
     def prefix_cache_status(self) -> dict:
         """Every replica's prefix cache, and their queries and hits summed."""
