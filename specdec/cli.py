@@ -183,8 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "several joined with commas")
     bo.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
     bo.add_argument("--methods", default="none,ngram,draft",
-                    help="comma-separated: none,ngram,draft,eagle3,eagle,medusa,auto; eagle3-tree, eagle-tree and "
-                         "medusa-tree run the head drafting token trees (greedy requests; sampled ones verify a chain)")
+                    help="comma-separated: none,ngram,suffix,draft,eagle3,eagle,medusa,auto; eagle3-tree, eagle-tree "
+                         "and medusa-tree run the head drafting token trees (greedy requests; sampled ones verify a "
+                         "chain)")
     bo.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
     bo.add_argument("--temperature", default="0", help="comma-separated temperatures")
     bo.add_argument("--max-tokens", type=int, default=128)

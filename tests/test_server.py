@@ -441,7 +441,7 @@ def test_auto_policy_rollout_pools_and_status(solo_llm):
             if arms[rid] == "plain":
                 assert spec["method"] == "none"
             else:
-                assert spec["policy_reason"] and spec["method"] in ("none", "ngram", "draft")
+                assert spec["policy_reason"] and spec["method"] in ("none", "ngram", "draft", "suffix")
                 assert 0 <= spec["lookup_steps"] <= spec["draft_steps"] <= spec["target_forwards"]
         assert 0 < list(arms.values()).count("plain") < 16
         status = httpx.get(url + "/v1/speculative/status").json()

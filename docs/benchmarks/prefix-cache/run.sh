@@ -3,7 +3,8 @@
 # (defaults: the cache on), and llama.cpp's own llama-server (its slot prompt cache on by default) on the same GGUF,
 # in one interleaved run of `specdec bench serve --turns 6` (ratios and "identical" against the first endpoint,
 # specdec without the cache: the greedy-parity check). Then the same conversations back to back (no think time,
-# no interleaving: an agent loop's next call sent the moment the last answer ends).
+# no interleaving: an agent loop's next call sent the moment the last answer ends), on fresh server processes.
+# PHASE=interleaved or PHASE=back-to-back runs one of the two.
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin bash docs/benchmarks/prefix-cache/run.sh [OUT]
 #
@@ -23,17 +24,27 @@ trap cleanup EXIT
 wait_up() { for _ in $(seq 600); do curl -sf "$1/health" >/dev/null && return 0; sleep 1; done; echo "$1 never came up" >&2; exit 1; }
 mkdir -p "$OUT"
 
-.venv/bin/specdec serve --port 8020 > "$OUT/specdec-serve.log" 2>&1 & pids+=($!)
-wait_up http://127.0.0.1:8020        # one at a time: the first start may measure the cost model
-.venv/bin/specdec serve --port 8024 --no-enable-prefix-caching > "$OUT/specdec-nocache.log" 2>&1 & pids+=($!)
-"$BIN/llama-server" -m "$TARGET" -t 2 -np 1 -c 8192 --port 8021 > "$OUT/llama-server.log" 2>&1 & pids+=($!)
-for p in 8024 8021; do wait_up "http://127.0.0.1:$p"; done
+start_servers() {    # fresh processes: nothing cached from an earlier phase
+  .venv/bin/specdec serve --port 8020 > "$OUT/specdec-serve-$1.log" 2>&1 & pids+=($!)
+  wait_up http://127.0.0.1:8020      # one at a time: the first start may measure the cost model
+  .venv/bin/specdec serve --port 8024 --no-enable-prefix-caching > "$OUT/specdec-nocache-$1.log" 2>&1 & pids+=($!)
+  "$BIN/llama-server" -m "$TARGET" -t 2 -np 1 -c 8192 --port 8021 > "$OUT/llama-server-$1.log" 2>&1 & pids+=($!)
+  for p in 8024 8021; do wait_up "http://127.0.0.1:$p"; done
+}
 ENDPOINTS=(--endpoint http://127.0.0.1:8024 --label specdec-nocache
            --endpoint http://127.0.0.1:8020 --label specdec
            --endpoint http://127.0.0.1:8021 --label llama-server)
-.venv/bin/specdec bench serve --turns 6 --dataset builtin --max-tokens 96 --temperature 0 --think-time 2 \
-  "${ENDPOINTS[@]}" --out "$OUT/interleaved"
-curl -s http://127.0.0.1:8020/metrics | grep prefix_cache > "$OUT/interleaved/specdec-prefix-metrics.txt"
-curl -s http://127.0.0.1:8020/v1/speculative/status > "$OUT/interleaved/specdec-speculative-status.json"
-.venv/bin/specdec bench serve --turns 6 --dataset builtin --max-tokens 96 --temperature 0 --no-interleave \
-  "${ENDPOINTS[@]}" --out "$OUT/back-to-back"
+PHASE=${PHASE:-all}
+if [[ $PHASE == all || $PHASE == interleaved ]]; then
+  start_servers interleaved
+  .venv/bin/specdec bench serve --turns 6 --dataset builtin --max-tokens 96 --temperature 0 --think-time 2 \
+    "${ENDPOINTS[@]}" --out "$OUT/interleaved"
+  curl -s http://127.0.0.1:8020/metrics | grep prefix_cache > "$OUT/interleaved/specdec-prefix-metrics.txt"
+  curl -s http://127.0.0.1:8020/v1/speculative/status > "$OUT/interleaved/specdec-speculative-status.json"
+  cleanup; pids=()
+fi
+if [[ $PHASE == all || $PHASE == back-to-back ]]; then
+  start_servers back-to-back
+  .venv/bin/specdec bench serve --turns 6 --dataset builtin --max-tokens 96 --temperature 0 --no-interleave \
+    "${ENDPOINTS[@]}" --out "$OUT/back-to-back"
+fi
