@@ -226,8 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--model", default=None, help="model id (default: the first of each endpoint's /v1/models)")
     bs.add_argument("--dataset", default="builtin",
                     help="builtin | long[:N] (retrieval over ~2k-token documents, whole-module edits) | structured "
-                         "(20 JSON-schema requests) | humaneval[:N] | sharegpt[:N] | a JSONL file; several joined "
-                         "with commas")
+                         "(20 JSON-schema requests) | humaneval[:N] | shared-prefix[:N] (N requests behind one "
+                         "~1k-token system prompt) | sharegpt[:N] | a JSONL file; several joined with commas")
     bs.add_argument("--concurrency", default="1", help="comma-separated concurrency levels")
     bs.add_argument("--max-tokens", type=int, default=128)
     bs.add_argument("--temperature", type=float, default=0.0)

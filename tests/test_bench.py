@@ -61,7 +61,8 @@ def test_bench_serve_interleaves_prompts_across_endpoints(monkeypatch, tmp_path)
         calls.append((idx, list(indices), concurrency))
         recs = [{"endpoint": cfg.labels[idx], "concurrency": concurrency, "prompt_index": i, "category": p["category"],
                  "ok": True, "error": None, "ttft_s": 0.1, "e2e_s": 1.1, "itl_s": [], "output_tokens": 11,
-                 "decode_tok_s": speed[idx] * (2 if p["category"] == "b" else 1), "text": "x", "speculative": None}
+                 "decode_tok_s": speed[idx] * (2 if p["category"] == "b" else 1), "text": "x", "speculative": None,
+                 "prompt_tokens": 100, "cached_tokens": 60 if idx == 1 else None}
                 for i, p in zip(indices, ps)]
         return recs, 1.0
 
@@ -78,11 +79,23 @@ def test_bench_serve_interleaves_prompts_across_endpoints(monkeypatch, tmp_path)
     assert rows[("0:http://a", 2)]["decode_ratio"] == pytest.approx(1.0)
     report = (tmp_path / "report.md").read_text()
     assert "30.00 (1.50x)" in report
+    assert b["prompt_tokens"] == 500 and b["cached_tokens"] == 300 and rows[("0:http://a", 1)]["cached_tokens"] is None
+    assert "| 1:http://b | 1 | 500 | 300 | 200 |" in report and "| 0:http://a | 1 | 500 | - | - |" in report
     assert (tmp_path / "decode_by_category_c1.png").is_file()
     calls.clear()
     bs.run_serve_bench(bs.ServeBenchConfig(endpoints=["http://a", "http://b"], model="m", out=str(tmp_path),
                                            interleave=False), progress=False)
     assert [(i, idx) for i, idx, _ in calls] == [(0, [0, 1, 2, 3, 4]), (1, [0, 1, 2, 3, 4])]
+
+
+def test_shared_prefix_requests_share_one_long_system_prompt():
+    from specdec.bench.datasets import load_prompts
+
+    ps = load_prompts("shared-prefix")
+    assert len(ps) == 100 and len(load_prompts("shared-prefix:7")) == 7
+    systems = {p["messages"][0]["content"] for p in ps}
+    assert len(systems) == 1 and len(next(iter(systems))) > 3000 and "class TextWrapper" in next(iter(systems))
+    assert len({p["messages"][1]["content"] for p in ps}) == 100
 
 
 def test_long_prompts_are_long_and_real():

@@ -15,14 +15,16 @@ from .prompts import BUILTIN_PROMPTS
 SHAREGPT_DEFAULT_N = 16
 SHAREGPT_MAX_CHARS = 4000       # first turns longer than this are skipped (a cheap stand-in for a token limit)
 HUMANEVAL_N = 164               # all of HumanEval unless humaneval:N
+SHARED_PREFIX_N = 100
+SHARED_PREFIX_CHARS = 3800      # the system prompt: a module's source, ~1k tokens with the Qwen2.5 tokenizer
 
 
 def load_prompts(source: str, seed: int = 0) -> list[dict]:
     """`builtin`, `long[:N]` (retrieval over ~2k-token documents, whole-module code edits), `structured` (20
     JSON-schema requests), `humaneval[:N]`, `humaneval-twice[:N]` (N problems, then the same N asked again in
-    other words, one pool), `sharegpt[:N]` or a path to a JSONL file (lines may name a `pool`)
-    (lines may carry a `response_format`); several joined with commas (`builtin,sharegpt:32`)
-    are concatenated in that order."""
+    other words, one pool), `shared-prefix[:N]` (N requests behind one ~1k-token system prompt), `sharegpt[:N]` or a
+    path to a JSONL file (lines may name a `pool` and carry a `response_format`); several joined with commas
+    (`builtin,sharegpt:32`) are concatenated in that order."""
     if "," in source and not Path(source).is_file():
         return [p for part in source.split(",") if part.strip() for p in load_prompts(part.strip(), seed)]
     if source == "builtin":
@@ -41,6 +43,8 @@ def load_prompts(source: str, seed: int = 0) -> list[dict]:
         return load_humaneval_twice(source_count(source, 24))
     if source == "sharegpt" or source.startswith("sharegpt:"):
         return sample_sharegpt(source_count(source, SHAREGPT_DEFAULT_N), seed)
+    if source == "shared-prefix" or source.startswith("shared-prefix:"):
+        return load_shared_prefix(source_count(source, SHARED_PREFIX_N))
     return load_jsonl(Path(source))
 
 
@@ -90,6 +94,26 @@ def load_humaneval_twice(n: int) -> list[dict]:
                              f"function in a code block, no explanation.\n\n```python\n{p['prompt']}```"}]}
               for p in problems]
     return first + second
+
+
+def load_shared_prefix(n: int) -> list[dict]:
+    """n requests behind one ~1k-token system prompt (a project's source, as a coding agent or a tool-calling app
+    resends on every call); the user messages cycle through the built-in prompts, each numbered so no two requests
+    are the same. What a prefix cache computes once."""
+    import inspect
+    import textwrap
+
+    source = inspect.getsource(textwrap)
+    source = source[:source.rfind("\n", 0, SHARED_PREFIX_CHARS)]
+    system = ("You are a coding assistant working on this module. Answer the user's request briefly.\n\n"
+              f"```python\n{source}\n```")
+    out = []
+    for i in range(n):
+        p = BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)]
+        user = p["messages"][-1]["content"]
+        out.append({"category": p["category"], "messages": [{"role": "system", "content": system},
+                                                            {"role": "user", "content": f"Request {i + 1}. {user}"}]})
+    return out
 
 
 def load_humaneval(n: int) -> list[dict]:

@@ -194,7 +194,8 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
               "draft_weight_bytes": llm.draft.weight_bytes if llm.draft is not None else 0,
               "draft_kv_bytes_per_token": draft_kv_per_token, "peak_rss_mb": peak_rss_mb(),
               "heads": {m: {"weight_bytes": h.module.weight_nbytes(), "quantization": h.quantization}
-                        for m, h in llm.heads.items()}}
+                        for m, h in llm.heads.items()},
+              "suffix": llm.engine.proposers["suffix"].status() if "suffix" in llm.engine.proposers else None}
     config = {**asdict(cfg), **({"policy": llm.policy().status()} if "auto" in cfg.methods else {}),
               "methods": list(dict.fromkeys(m for m, _ in cfg.configs())),
               "target": llm.target.name, "draft": llm.draft.name if llm.draft else None,

@@ -7,6 +7,7 @@ config is recommended when it beats plain decoding by at least ENABLE_MIN_SPEEDU
 """
 from __future__ import annotations
 
+from ..config import METHOD_TABLE
 from .summary import ALL
 
 ENABLE_MIN_SPEEDUP = 1.10      # below this a single run on a shared machine cannot tell a win from noise
@@ -14,7 +15,9 @@ MIN_ACCEPTANCE = 0.40          # a draft model accepted less than this wastes it
 MIN_OUTPUT_TOKENS = 32         # shorter outputs: prefill dominates and speculation has no time to pay
 # A speedup can only come from committing more than one token per target forward; a config that does not
 # (tokens_per_forward < ENABLE_MIN_SPEEDUP) is ruled out whatever its timing says.
-SPEC_METHODS = ("ngram", "draft", "eagle3", "eagle", "medusa", "eagle3-tree", "eagle-tree", "medusa-tree", "auto")
+SPEC_METHODS = tuple(m.name for m in METHOD_TABLE.values() if m.kind != "plain") + tuple(
+    f"{m.name}-tree" for m in METHOD_TABLE.values() if m.tree)
+FREE_METHODS = tuple(m.name for m in METHOD_TABLE.values() if m.kind in ("lookup", "cache"))
 
 
 def _rows(summary, **match):
@@ -73,9 +76,9 @@ def recommend(summary: list[dict]) -> list[dict]:
                 if best.get("acceptance_rate") is not None:
                     why += (f", acceptance {best['acceptance_rate']:.2f}, "
                             f"mean accepted length {best['mean_accepted_length']:.2f}")
-                if (best["method"] == "ngram" and best["acceptance_rate"] is not None
+                if (best["method"] in FREE_METHODS and best["acceptance_rate"] is not None
                         and best["acceptance_rate"] < MIN_ACCEPTANCE):
-                    why += " (low acceptance is fine here: n-gram drafts cost no forward pass)"
+                    why += f" (low acceptance is fine here: {best['method']} drafts cost no forward pass)"
                 out.append({**dec, "enable": True, "method": best["method"], "k": best["k"],
                             "expected_speedup": best["speedup"], "why": "; ".join([why, *notes])})
                 continue
@@ -226,6 +229,9 @@ def render_report(result: dict, plots: list[str]) -> str:
               *(["- learned heads' weights as run: " + "; ".join(
                   f"{m} {h['weight_bytes'] / 2**20:.1f} MiB ({h['quantization']})" for m, h in mem["heads"].items())]
                 if mem.get("heads") else []),
+              *([f"- suffix decoding's pools after the runs: {mem['suffix']['pools']} pool(s), "
+                 f"{mem['suffix']['tokens']} tokens, {mem['suffix']['bytes'] / 2**10:.0f} KiB (each pool at most "
+                 f"{mem['suffix']['max_tokens_per_pool']} tokens)"] if (mem.get("suffix") or {}).get("pools") else []),
               f"- peak RSS of the benchmark process {mem['peak_rss_mb']:.0f} MiB (peers loaded after specdec's runs "
               "add to it)", ""]
 

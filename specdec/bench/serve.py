@@ -198,6 +198,10 @@ def summarize_level(recs: list[dict], duration_s: float) -> dict:
            "request_throughput": len(good) / duration_s if duration_s else None,
            "output_throughput": sum(r["output_tokens"] or 0 for r in good) / duration_s if duration_s else None,
            "output_tokens": sum(r["output_tokens"] or 0 for r in good)}
+    # prompt tokens the server reported, and how many of them its prefix cache served (usage.prompt_tokens_details)
+    row["prompt_tokens"] = sum(r.get("prompt_tokens") or 0 for r in good)
+    cached = [r["cached_tokens"] for r in good if r.get("cached_tokens") is not None]
+    row["cached_tokens"] = sum(cached) if cached else None
     for name, xs in (("ttft", [r["ttft_s"] for r in good]), ("tpot", tpot), ("itl", itl),
                      ("e2e", [r["e2e_s"] for r in good])):
         row[f"{name}_mean_s"] = sum(xs) / len(xs) if xs else None
@@ -359,6 +363,14 @@ def render_serve_report(result: dict, plots: list[str]) -> str:
             f"{pct('itl')} | {pct('e2e')} | {_num(r['acceptance_rate'])} | {_num(r['mean_accepted_length'])} | "
             f"{_num(r['tokens_per_chunk'])} | {_num(ident)} |")
     lines += category_table(result["summary"])
+    if any(r.get("cached_tokens") is not None for r in result["summary"]):
+        lines += ["", "Prompt tokens over the level, as each server's usage reports them: cached (served by its "
+                      "prefix cache, prompt_tokens_details.cached_tokens) and computed (the rest).", "",
+                  "| endpoint | conc | prompt tokens | cached | computed |", "|---|---|---|---|---|"]
+        lines += [f"| {r['endpoint']} | {r['concurrency']} | {r['prompt_tokens']} | "
+                  + (f"{r['cached_tokens']} | {r['prompt_tokens'] - r['cached_tokens']} |"
+                     if r.get("cached_tokens") is not None else "- | - |")
+                  for r in result["summary"]]
     structured = [r for r in result["summary"] if r.get("schema_valid")]
     if structured:
         lines += ["", "Structured outputs: answers that parse and validate against their request's schema, and the "

@@ -4,7 +4,9 @@
 # in one interleaved run of `specdec bench serve --turns 6` (ratios and "identical" against the first endpoint,
 # specdec without the cache: the greedy-parity check). Then the same conversations back to back (no think time,
 # no interleaving: an agent loop's next call sent the moment the last answer ends), on fresh server processes.
-# PHASE=interleaved or PHASE=back-to-back runs one of the two.
+# Last, shared-prefix: 100 requests behind one ~1k-token system prompt, 4 at a time, to specdec serve with
+# --max-total-tokens 8192 (far less than the 100 requests' K/V: entries are evicted LRU), its RSS sampled each second.
+# PHASE=interleaved, back-to-back or shared-prefix runs one of them.
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin bash docs/benchmarks/prefix-cache/run.sh [OUT]
 #
@@ -47,4 +49,17 @@ if [[ $PHASE == all || $PHASE == back-to-back ]]; then
   start_servers back-to-back
   .venv/bin/specdec bench serve --turns 6 --dataset builtin --max-tokens 96 --temperature 0 --no-interleave \
     "${ENDPOINTS[@]}" --out "$OUT/back-to-back"
+  cleanup; pids=()
+fi
+if [[ $PHASE == all || $PHASE == shared-prefix ]]; then
+  mkdir -p "$OUT/shared-prefix"
+  .venv/bin/specdec serve --port 8020 --max-total-tokens 8192 > "$OUT/specdec-serve-shared-prefix.log" 2>&1 &
+  server=$!; pids+=($server)
+  wait_up http://127.0.0.1:8020
+  while kill -0 "$server" 2>/dev/null; do awk '/VmRSS/ {print $2}' "/proc/$server/status"; sleep 1; done \
+    > "$OUT/shared-prefix/specdec-rss-kib.txt" & pids+=($!)
+  .venv/bin/specdec bench serve --dataset shared-prefix:100 --concurrency 4 --max-tokens 32 --temperature 0 \
+    --endpoint http://127.0.0.1:8020 --label specdec --out "$OUT/shared-prefix"
+  curl -s http://127.0.0.1:8020/metrics | grep prefix_cache > "$OUT/shared-prefix/specdec-prefix-metrics.txt"
+  curl -s http://127.0.0.1:8020/v1/speculative/status > "$OUT/shared-prefix/specdec-speculative-status.json"
 fi
