@@ -4,8 +4,8 @@
 # in one interleaved run of `specdec bench serve --turns 6` (ratios and "identical" against the first endpoint,
 # specdec without the cache: the greedy-parity check). Then the same conversations back to back (no think time,
 # no interleaving: an agent loop's next call sent the moment the last answer ends), on fresh server processes.
-# Last, shared-prefix: 100 requests behind one ~1k-token system prompt, 4 at a time, to specdec serve with
-# --max-total-tokens 8192 (far less than the 100 requests' K/V: entries are evicted LRU), its RSS sampled each second.
+# Last, shared-prefix: 400 requests behind one ~1k-token system prompt, 4 at a time, to specdec serve with
+# --max-total-tokens 8192 (far less than the 400 requests' K/V: entries are evicted LRU), its RSS sampled each second.
 # PHASE=interleaved, back-to-back or shared-prefix runs one of them.
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin bash docs/benchmarks/prefix-cache/run.sh [OUT]
@@ -58,7 +58,7 @@ if [[ $PHASE == all || $PHASE == shared-prefix ]]; then
   wait_up http://127.0.0.1:8020
   while kill -0 "$server" 2>/dev/null; do awk '/VmRSS/ {print $2}' "/proc/$server/status"; sleep 1; done \
     > "$OUT/shared-prefix/specdec-rss-kib.txt" & pids+=($!)
-  .venv/bin/specdec bench serve --dataset shared-prefix:100 --concurrency 4 --max-tokens 32 --temperature 0 \
+  .venv/bin/specdec bench serve --dataset shared-prefix:400 --concurrency 4 --max-tokens 32 --temperature 0 \
     --endpoint http://127.0.0.1:8020 --label specdec --out "$OUT/shared-prefix"
   curl -s http://127.0.0.1:8020/metrics | grep prefix_cache > "$OUT/shared-prefix/specdec-prefix-metrics.txt"
   curl -s http://127.0.0.1:8020/v1/speculative/status > "$OUT/shared-prefix/specdec-speculative-status.json"
