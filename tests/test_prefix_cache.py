@@ -79,6 +79,33 @@ def test_conversation_turns_equal_a_fresh_engine_and_reuse_the_history(pair):
     assert on.kv.num_seqs == 0 and on.proposers["draft"].kv.num_seqs == 0
 
 
+@pytest.mark.parametrize("method", ["eagle3", "medusa"])
+def test_learned_heads_resume_from_an_entry_and_draft_every_step(pair, method):
+    """A head reads the target's hidden states at every prompt position; an entry keeps EAGLE's own cache rows (fed
+    with those states) in their place, so a conversation's next turn resumes there and the head drafts from its
+    first step; Medusa needs only the last row's state. Outputs equal a fresh engine's."""
+    from test_heads import _eagle3, _medusa
+
+    target = pair[0].model
+    dtype = target.embed_tokens.weight.dtype
+    make = (lambda: _eagle3(target).to(dtype)) if method == "eagle3" else (lambda: _medusa(target).to(dtype))
+    on, off = (LLMEngine(target, pair[0].tokenizer, heads={method: make()}, enable_prefix_caching=cache)
+               for cache in (True, False))
+    spec = SpeculativeConfig(method=method, num_speculative_tokens=3)
+    prompt = _ids(pair, "class Stack: push and pop items in order, then peek at the top one")
+    for turn in range(4):
+        a, b = _run(on, [prompt], spec=spec)[0], _run(off, [prompt], spec=spec)[0]
+        assert a.output_ids == b.output_ids, turn
+        assert (a.stats.cached_tokens > 0) == (turn > 0)
+        # the head drafted on every step it did without the cache (a head that lost its rows drafts nothing)
+        assert a.stats.drafted_per_position == b.stats.drafted_per_position and b.stats.draft_steps > 10
+        if turn == 1:
+            while on.settle():
+                pass
+        prompt = prompt + a.output_ids + _ids(pair, f" then turn {turn} asks")
+    assert on.prefix_cache_stats()["hits"] > 0
+
+
 def test_settled_entry_holds_the_same_kv_as_a_fresh_prefill(tiny_dirs):
     """bf16 on CPU (the shipped path) is batch-invariant: prompt rows give the same K/V however they are chunked, so a
     settled entry equals a one-shot prefill bit for bit. (fp32's GEMMs change rounding with the row count, as

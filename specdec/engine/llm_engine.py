@@ -135,8 +135,11 @@ class LLMEngine:
             seq.constraint = Constraint(params.structured_outputs, self.tokenizer)
         if method.kind == "policy":
             self._decide(seq)
-        # a learned head reads the target's hidden states at every prompt position, which an entry does not keep
-        seq.reuse_prefix = self.kv.prefix is not None and self._reader(seq) is None
+        # a learned head reads the target's hidden states at every prompt position, which an entry does not keep: an
+        # EAGLE head's own cache rows stand for them, so a hit reaches no further than those
+        reader = self._reader(seq)
+        seq.reuse_prefix = self.kv.prefix is not None
+        seq.prefix_bound = reader.name if reader is not None and reader.prefix_needs_cache else None
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
         return seq

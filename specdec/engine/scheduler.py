@@ -182,6 +182,14 @@ class Scheduler:
         with one system prompt compute it once)."""
         limit = len(seq.prompt_ids) - 1
         hit = self.kv.lookup(seq.token_ids, limit)
+        if seq.prefix_bound is not None:           # entries only, as far as that proposer's cache in them reaches
+            if hit is not None:
+                own = hit.entry.extras.get(seq.prefix_bound)
+                hit.target = min(hit.target, own.length if own is not None else 0)
+                if hit.target == 0:
+                    self.kv.unpin(hit)
+                    hit = None
+            return hit
         best = hit.target if hit is not None else 0
         ids = np.asarray(seq.prompt_ids[:limit], dtype=np.int64)
         for r in self.running:

@@ -53,6 +53,7 @@ class Sequence:
     logprobs: list | None = None                    # TokenLogprob per output token, when params.logprobs is set
     constraint: Constraint | None = None            # structured outputs: the grammar's state
     reuse_prefix: bool = False                      # may start from a prefix cache entry (set by the engine)
+    prefix_bound: str | None = None                 # a proposer whose own cache in an entry bounds the reuse
     prefix_hit: Hit | None = None                   # the entry its first chunk started from, until the step's
                                                     # proposers took their part
 

@@ -115,6 +115,10 @@ class Proposer(ABC):
     def import_cache(self, seq_id: int, source: SeqKV, positions: int) -> None:
         """Start the sequence's cache from the first `positions` of a prefix entry's cache (default: nothing)."""
 
+    # True: a sequence resumes from a prefix entry only as far as this proposer's own cache in it reaches (a head
+    # whose cache rows were fed the target's hidden states, which the entry does not keep)
+    prefix_needs_cache: bool = False
+
     # learned heads read the target's hidden states: the layers they need (Transformer.forward's aux_layers), and
     # the committed rows' states after each forward
     target_hidden: tuple[int, ...] = ()

@@ -46,6 +46,7 @@ class _Pending:
 
 class Eagle3Proposer(Proposer):
     name = "eagle3"
+    prefix_needs_cache = True
 
     def __init__(self, head: Eagle3Head, embed: torch.nn.Embedding, vocab_size: int, max_total_tokens: int,
                  output_head=None):
@@ -78,6 +79,8 @@ class Eagle3Proposer(Proposer):
             n = len(ctx.token_ids)
             fed = self.fed.get(ctx.seq_id, 0)
             pend = self.pending.get(ctx.seq_id)
+            if pend is not None and pend.start < fed:    # resumed from a prefix entry: re-fed from the target's states
+                fed = pend.start
             # the rows to feed: positions fed .. n-2, each with the token after it (the newest token is n-1)
             if pend is None or pend.start != fed or fed + pend.count != n - 1:
                 continue                             # states missing (cannot happen in the engine): no draft
@@ -186,6 +189,16 @@ class Eagle3Proposer(Proposer):
         lp, idx = logp.topk(max(topks), -1)                                         # [R, topk]
         lps, toks = lp.tolist(), self.d2t[idx].tolist()
         return [(a[:n], b[:n]) for a, b, n in zip(lps, toks, topks)]
+
+    # prefix caching: an entry keeps the rows fed with target states (not the last step's draft rows); a sequence
+    # that resumes from it copies them, and the scheduler starts its prefill no later than where they end
+    def export_cache(self, seq_id: int):
+        if seq_id in self.kv.caches:
+            self.kv.truncate(seq_id, self.fed.get(seq_id, 0))
+        return self.kv.pop(seq_id)
+
+    def import_cache(self, seq_id: int, source, positions: int) -> None:
+        self.fed[seq_id] = self.kv.adopt_extra(seq_id, source, positions)
 
     def release(self, seq_id: int) -> None:
         self.kv.free_seq(seq_id)

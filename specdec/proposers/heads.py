@@ -5,6 +5,12 @@ from .base import Proposer
 
 
 def make_head_proposer(method: str, head, target, vocab_size: int, max_total_tokens: int) -> Proposer:
+    proposer = _make(method, head, target, vocab_size, max_total_tokens)
+    proposer.name = method                          # EAGLE-1 runs EAGLE-3's class; prefix entries key caches by it
+    return proposer
+
+
+def _make(method: str, head, target, vocab_size: int, max_total_tokens: int) -> Proposer:
     if method == "eagle3":
         from .eagle import Eagle3Proposer
 
