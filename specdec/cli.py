@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .config import AUTO, METHOD_TABLE, PLAIN, QUANTIZATIONS, head_methods, method_names
 from .engine.scheduler import ITL_TARGET_S
 from .errors import SpecDecError
 from .utils import write_json_atomic
@@ -18,7 +19,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--quantization", default=None, choices=["none", "int8", "int4"],
+    p.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
                    help="target weights: none (runtime dtype), int8, or int4 (a GGUF's 4/5/6/8-bit blocks kept as "
                         "they are; our CPU kernel). Default: int4 for a block-quantized GGUF on a CPU where the "
                         "compiled kernels run 4-bit codes vectorized (AVX-512 VNNI or AVX2), else none")
@@ -26,19 +27,19 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="keep finished requests' K/V (target and draft) and start a prompt that shares a prefix with "
                         "one after it: a conversation's next turn, a shared system prompt (default on; "
                         "--no-enable-prefix-caching: off, vLLM's flag)")
-    p.add_argument("--head-quantization", default=None, choices=["none", "int8", "int4"],
+    p.add_argument("--head-quantization", default=None, choices=list(QUANTIZATIONS),
                    help="learned heads' linears (eagle3, eagle, medusa): runtime dtype, or 8-/4-bit blocks on our CPU "
                         "kernel. Default: int4 for a bf16 head on CPU where the compiled kernels run 4-bit codes "
                         "vectorized (AVX-512 VNNI or AVX2), else int8 where they run 8-bit codes so, else none")
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    from .config import METHODS
-
-    p.add_argument("--method", default="none", choices=list(METHODS),
-                   help="speculative method (auto: the policy picks method and k from a measured cost model)")
+    p.add_argument("--method", default=PLAIN, choices=list(method_names()),
+                   help=f"speculative method ({AUTO}: the policy picks method and k from a measured cost model)")
     p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=None,
-                   help="draft tokens per step (default: 4 for draft, 8 for ngram); a token tree's nodes")
+                   help="draft tokens per step (default: the method's: "
+                        + ", ".join(f"{m.name} {m.default_k}" for m in METHOD_TABLE.values() if m.default_k)
+                        + "); a token tree's nodes")
     p.add_argument("--eagle-topk", type=int, default=1,
                    help="eagle3/medusa: draft a token tree, this many guesses per node (greedy requests; 1: a chain)")
     p.add_argument("--num-steps", type=int, default=None, help="eagle3/medusa token tree: its depth")
@@ -48,7 +49,7 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
 def _add_proposer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--prompt-lookup-min", type=int, default=1)
-    p.add_argument("--draft-quantization", default=None, choices=["none", "int8", "int4"],
+    p.add_argument("--draft-quantization", default=None, choices=list(QUANTIZATIONS),
                    help="draft model weights: runtime dtype, weight-only int8 or int4 (CPU; 4-bit throughout: "
                         "a GGUF's 6/8-bit blocks are re-quantized, since a draft only needs to be fast). Default: "
                         "int4 for a bf16 model on CPU when the compiled kernels are installed, else none")
@@ -135,8 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .models.registry import DEFAULT_TARGET
 
     th = sub.add_parser("train-head", help="train an EAGLE-3 or Medusa draft head for a target on this machine")
-    th.add_argument("--method", required=True, choices=["eagle3", "medusa", "eagle3,medusa"],
-                    help="eagle3,medusa: both heads from one pass over the target (saved to OUT/eagle3, OUT/medusa)")
+    trainable = [m for m in method_names() if METHOD_TABLE[m].trainable]
+    th.add_argument("--method", required=True, choices=[*trainable, ",".join(trainable)],
+                    help=f"{','.join(trainable)}: every trainable head from one pass over the target (saved to "
+                         "OUT/METHOD each)")
     th.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, .gguf file or HF directory")
     th.add_argument("--data", required=True,
                     help="comma list: sharegpt:N, sharegpt-code[A:B], humaneval[A:B], stdlib-functions[A:B], "
@@ -147,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     th.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     th.add_argument("--threads", type=int, default=None)
-    th.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
+    th.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS),
                     help="the target's weights while extracting features (use what the head will serve with)")
     for flag, typ, default, text in [
             ("--seq-len", int, 512, "tokens per training window"),
@@ -183,9 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "several joined with commas")
     bo.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
     bo.add_argument("--methods", default="none,ngram,draft",
-                    help="comma-separated: none,ngram,suffix,draft,eagle3,eagle,medusa,auto; eagle3-tree, eagle-tree "
-                         "and medusa-tree run the head drafting token trees (greedy requests; sampled ones verify a "
-                         "chain)")
+                    help=f"comma-separated: {','.join(method_names())}; METHOD-tree for a method that drafts "
+                         "token trees runs it drafting trees (greedy requests; sampled ones verify a chain)")
     bo.add_argument("--k", default="4", help="comma-separated k values for the speculative methods")
     bo.add_argument("--temperature", default="0", help="comma-separated temperatures")
     bo.add_argument("--max-tokens", type=int, default=128)
@@ -194,11 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--peers", default="", help="comma-separated peers measured in the same run: hf,llamacpp")
     bo.add_argument("--out", default="out/bench-offline", help="output directory")
     bo.add_argument("--no-progress", action="store_true")
-    bo.add_argument("--eagle3-head", default=None,
-                    help="EAGLE-3 head directory (default: the one shipped for the target)")
-    bo.add_argument("--medusa-head", default=None,
-                    help="Medusa head directory (default: the one shipped for the target)")
-    bo.add_argument("--eagle-head", default=None, help="EAGLE-1/2 head directory (method eagle; none ships)")
+    for m in head_methods():
+        bo.add_argument(f"--{m}-head", default=None,
+                        help=f"method {m}'s head directory (default: the one shipped for the target, if any)")
     bo.add_argument("--eagle-topk", type=int, default=4, help="tree methods: guesses expanded per node")
     bo.add_argument("--num-steps", type=int, default=None, help="tree methods: tree depth (default: min(k, 4))")
     bo.add_argument("--tree-tokens", default=None,
@@ -285,7 +285,7 @@ def cmd_generate(args) -> int:
     stats = final.stats
     record = {"target": llm.target.name, "draft": llm.draft.name if llm.draft else None, **stats.to_dict()}
     if args.compare:
-        base = llm.generate(prompt, params, chat=not args.no_chat, spec="none")[0]
+        base = llm.generate(prompt, params, chat=not args.no_chat, spec=PLAIN)[0]
         record["baseline"] = base.stats.to_dict()
         record["parity"] = token_ids == base.token_ids
         record["speedup"] = (stats.decode_tok_s / base.stats.decode_tok_s) if base.stats.decode_tok_s else None
@@ -318,7 +318,7 @@ def cmd_bench_offline(args) -> int:
         threads=args.threads, prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
         draft_quantization=args.draft_quantization, quantization=args.quantization,
         head_quantization=args.head_quantization, progress=not args.no_progress,
-        heads={m: getattr(args, f"{m}_head") for m in ("eagle3", "eagle", "medusa") if getattr(args, f"{m}_head")},
+        heads={m: getattr(args, f"{m}_head") for m in head_methods() if getattr(args, f"{m}_head")},
         eagle_topk=args.eagle_topk, num_steps=args.num_steps,
         tree_tokens=_csv(args.tree_tokens, int, "--tree-tokens") if args.tree_tokens else [])
     result = run_offline(cfg)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import DEFAULT_K, HEAD_METHODS, QUANTIZATIONS, SpeculativeConfig
+from .config import AUTO, PLAIN, QUANTIZATIONS, SpeculativeConfig, draft_model_method, get_method, head_methods
 from .engine import SchedulerConfig
 from .engine.scheduler import ITL_TARGET_S
 from .errors import SpecDecError
@@ -45,7 +45,7 @@ class EngineArgs:
 
     def __post_init__(self):
         if self.speculative is None:
-            self.speculative = SpeculativeConfig(method="draft" if self.draft else "none")
+            self.speculative = SpeculativeConfig(method=draft_model_method() if self.draft else PLAIN)
         if self.dtype not in DTYPES:
             raise SpecDecError(f"unknown dtype '{self.dtype}' (choose from: {', '.join(DTYPES)})")
         for name in ("quantization", "head_quantization"):
@@ -55,17 +55,17 @@ class EngineArgs:
             raise SpecDecError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.num_threads is not None and self.num_threads < 1:
             raise SpecDecError(f"num_threads must be >= 1, got {self.num_threads}")
-        unknown = [m for m in self.heads if m not in HEAD_METHODS]
+        unknown = [m for m in self.heads if m not in head_methods()]
         if unknown:
-            raise SpecDecError(f"'{unknown[0]}' is not a learned head method ({', '.join(HEAD_METHODS)})")
+            raise SpecDecError(f"'{unknown[0]}' is not a learned head method ({', '.join(head_methods())})")
 
     @property
     def policy_config(self) -> PolicyConfig:
         """Method auto's policy: as given, else the defaults with k_max = the speculative config's k."""
         if self.policy is not None:
             return self.policy
-        return PolicyConfig(k_max=self.speculative.num_speculative_tokens if self.speculative.method == "auto"
-                            else DEFAULT_K["auto"])
+        return PolicyConfig(k_max=self.speculative.num_speculative_tokens if self.speculative.method == AUTO
+                            else get_method(AUTO).default_k)
 
     @classmethod
     def from_cli_args(cls, args) -> EngineArgs:
@@ -73,12 +73,14 @@ class EngineArgs:
         `specdec generate` (--method, --k, ...). Raises SpecDecError naming the flag for bad values."""
         if hasattr(args, "speculative_config"):
             spec = parse_speculative_config(args.speculative_config)
-            if args.draft and spec.method in ("draft", "auto") and spec.model is None:
+            method = get_method(spec.method)
+            reads_draft = method.needs == "draft_model" or method.kind == "policy"   # auto weighs the draft too
+            if args.draft and reads_draft and spec.model is None:
                 spec.model = args.draft
-            draft = spec.model if spec.method in ("draft", "auto") else None
+            draft = spec.model if reads_draft else None
             heads = parse_heads(args.spec_heads)
             policy = PolicyConfig(k_max=spec.num_speculative_tokens, max_load=args.spec_max_load,
-                                  min_acceptance=args.spec_min_acceptance) if spec.method == "auto" else None
+                                  min_acceptance=args.spec_min_acceptance) if spec.method == AUTO else None
             scheduler = scheduler_config(args.max_num_seqs, args.max_num_batched_tokens, args.max_total_tokens,
                                          args.itl_target_ms)
         else:
@@ -104,7 +106,7 @@ class EngineArgs:
 def parse_speculative_config(text: str | None) -> SpeculativeConfig:
     """vLLM's `--speculative-config` JSON -> SpeculativeConfig (left out: method auto)."""
     if not text:
-        return SpeculativeConfig(method="auto")
+        return SpeculativeConfig(method=AUTO)
     obj = parse_json_object(text, "--speculative-config")
     unknown = set(obj) - set(SPEC_KEYS)
     if unknown:
@@ -123,8 +125,8 @@ def parse_heads(text: str | None) -> dict[str, str | None]:
         if not part:
             continue
         method, _, path = part.partition("=")
-        if method not in HEAD_METHODS:
-            raise SpecDecError(f"--spec-heads: '{method}' is not a learned head method ({', '.join(HEAD_METHODS)})")
+        if method not in head_methods():
+            raise SpecDecError(f"--spec-heads: '{method}' is not a learned head method ({', '.join(head_methods())})")
         out[method] = path or None
     return out
 

@@ -12,17 +12,16 @@ from collections.abc import Iterator
 
 import torch
 
-from .config import DEFAULT_K, HEAD_METHODS, SpeculativeConfig
+from .config import AUTO, METHOD_TABLE, SpeculativeConfig, get_method, method_names
 from .engine import LLMEngine, RequestOutput, StreamDelta
 from .engine_args import EngineArgs
 from .errors import SpecDecError
+from .loading import LoadedModels, load_models
 from .models.heads import LoadedHead
-from .models.loader import LoadedModel, load_model
-from .models.registry import DEFAULT_DRAFT
+from .models.loader import LoadedModel
 from .policy import CostModel, PolicyConfig
 from .policy.measure import measure_cost_model
 from .policy.pools import SpeculationPolicy
-from .proposers import check_compatible
 from .proposers.ngram import find_ngram_continuation
 from .sampling_params import SamplingParams
 
@@ -32,32 +31,6 @@ COST_MODEL_REVISION = 10     # part of the cost-model cache key: 10 = V(n) and c
                              # specdec._C)
 
 Prompt = str | list[dict]   # raw text or chat messages
-
-
-def default_draft_quantization(requested: str | None, target: LoadedModel) -> str:
-    """The draft's weights: as requested, else int4 for a bf16 target on CPU when specdec._C is built, else the
-    runtime dtype. A draft's tokens are verified by the target, so its precision can cost acceptance, never
-    correctness, while its step cost is what speculation pays for every proposed token (the 0.5B reads 559 MB a
-    step in 4-bit against ~1 GB in bf16; llama.cpp users pair a big target with a Q4 draft for the same reason)."""
-    if requested is not None:
-        return requested
-    from .models.quantization.kernels import available
-
-    target_weight = target.model.embed_tokens.weight
-    if target_weight.device.type == "cpu" and target_weight.dtype == torch.bfloat16 and available():
-        return "int4"
-    return "none"
-
-
-def load_head_for(method: str, path: str | None, target: LoadedModel, quantization: str | None = None) -> LoadedHead:
-    """A learned head for the target: from `path`, else the one shipped for the default target; its linears on
-    the engine's CPU kernels (quantization: none | int8 | int4; None: models.heads.default_head_quantization)."""
-    from .models.heads import load_head, pack_head, shipped_head
-
-    head = load_head(path or shipped_head(method, target.name), target.model, target.model.embed_tokens.weight.dtype,
-                     target.model.embed_tokens.weight.device, method)
-    head.quantization = pack_head(head.module, quantization)
-    return head
 
 
 class LLM:
@@ -78,28 +51,12 @@ class LLM:
         torch.set_num_threads(args.num_threads or os.cpu_count() or 1)
         self.speculative = args.speculative
         self.quantization = args.quantization          # the target's weights: none | int8 | int4 (vLLM's name)
-        self.target: LoadedModel = load_model(args.target, dtype=args.dtype, device=args.device,
-                                              progress=args.progress, quantization=args.quantization)
+        self.models: LoadedModels = load_models(args)
+        self.target: LoadedModel = self.models.target
         self.tokenizer = self.target.tokenizer
-        self.draft: LoadedModel | None = None
-        self.draft_quantization: str | None = None     # the draft's weights as loaded: none | int8 | int4
-        draft = args.draft
-        if self.speculative.method in ("draft", "auto") and draft != "none":
-            draft = draft or self.speculative.model or DEFAULT_DRAFT
-            # a draft's int4 is 4-bit throughout (its Q6_K/Q8_0 blocks re-quantized): its tokens are verified, so
-            # only its step cost matters (measured on the 0.5B: 796 -> 559 MB, 23.7 -> 16.0 ms a step)
-            self.draft_quantization = default_draft_quantization(self.speculative.quantization, self.target)
-            self.draft = load_model(draft, dtype=args.dtype, device=args.device, progress=args.progress,
-                                    quantization=self.draft_quantization, int4_exact=False)
-            check_compatible(self.tokenizer, self.draft.tokenizer, self.target.config.vocab_size,
-                             self.draft.config.vocab_size)
-        # learned heads: the speculative config's, and any others asked for ({method: directory or None = shipped}),
-        # so that requests may pick them per request
-        wanted = dict(args.heads)
-        if self.speculative.method in HEAD_METHODS:
-            wanted[self.speculative.method] = self.speculative.model
-        self.heads: dict[str, LoadedHead] = {m: load_head_for(m, path, self.target, args.head_quantization)
-                                             for m, path in wanted.items()}
+        self.draft: LoadedModel | None = self.models.draft
+        self.draft_quantization: str | None = self.models.draft_quantization
+        self.heads: dict[str, LoadedHead] = self.models.heads
         self.scheduler_config = args.scheduler
         self._policy: SpeculationPolicy | None = None
         self._rows: CostModel | None = None
@@ -110,19 +67,43 @@ class LLM:
                                 row_cost=self.row_cost if self.heads else None,
                                 enable_prefix_caching=args.enable_prefix_caching)
         self._ids = itertools.count()
-        if args.suffix_cache and os.path.exists(args.suffix_cache):
-            self.engine.proposers["suffix"].load(args.suffix_cache)
+        for name, path in self._state_files().items():
+            if os.path.exists(path):
+                self.engine.proposers[name].load(path)
 
-    def save_suffix_cache(self) -> None:
-        """Write suffix decoding's pools to `suffix_cache` (atomically), when one is set."""
-        if self.args.suffix_cache:
-            self.engine.proposers["suffix"].save(self.args.suffix_cache)
+    # -- the methods this engine runs ------------------------------------------------------------------------
+    def methods(self) -> list[dict]:
+        """Every method this engine can run (plain, each loaded proposer's, the policy), in the table's order:
+        its declaration's row and its proposer's own status section (/v1/speculative/status "methods")."""
+        out = []
+        for m in map(METHOD_TABLE.get, method_names()):
+            if m.kind not in ("plain", "policy") and m.name not in self.engine.proposers:
+                continue
+            status = self.engine.proposers[m.name].status() if m.name in self.engine.proposers else {}
+            out.append({"method": m.name, "kind": m.kind, "default_k": m.default_k, "tree": m.tree,
+                        "origin": m.origin, "status": status})
+        return out
+
+    def method_status(self, name: str) -> dict:
+        """One method's status section ({} for one that has none, or is not loaded)."""
+        proposer = self.engine.proposers.get(name)
+        return proposer.status() if proposer is not None else {}
+
+    def _state_files(self) -> dict[str, str]:
+        """{method: path} for each loaded method whose declaration keeps a state file that EngineArgs names."""
+        return {m.name: path for m in METHOD_TABLE.values()
+                if m.state_file and m.name in self.engine.proposers and (path := getattr(self.args, m.state_file))}
+
+    def save_state(self) -> None:
+        """Write each method's state file (suffix decoding's pools to --suffix-cache), atomically."""
+        for name, path in self._state_files().items():
+            self.engine.proposers[name].save(path)
 
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
-    # -- method "auto": the policy picks none / ngram / draft and k per request and per step ----------------
+    # -- method auto: the policy picks a method and k per request and per step ----------------------------
     @property
     def policy_created(self) -> bool:
         return self._policy is not None
@@ -136,15 +117,21 @@ class LLM:
         """The speculation policy (created on first use; its cost model is measured once per machine and cached)."""
         if self._policy is None:
             cfg = cfg or self.args.policy_config
-            available = available or ("ngram", *(("draft",) if self.draft is not None else ()), *self.heads, "suffix")
+            available = available or self.policy_candidates()
             self._policy = SpeculationPolicy(cost or self.cost_model(cfg.k_max), cfg, available)
         return self._policy
+
+    def policy_candidates(self) -> tuple[str, ...]:
+        """What auto weighs: every loaded proposer's method, prompt lookup first, then the models, the heads and
+        the caches (the order it explores an unobserved pool in)."""
+        order = {"lookup": 0, "model": 1, "head": 2, "cache": 3}
+        return tuple(sorted(self.engine.proposers, key=lambda m: order.get(get_method(m).kind, 4)))
 
     def row_cost(self, n: int) -> float:
         """V(n): a target forward over n rows relative to one, from the cost model (measured once per machine and
         cached; the policy's when it has one)."""
         if self._rows is None:
-            self._rows = self._policy.cost if self._policy is not None else self.cost_model(DEFAULT_K["auto"])
+            self._rows = self._policy.cost if self._policy is not None else self.cost_model(get_method(AUTO).default_k)
         return self._rows.V(n)
 
     def cost_model(self, k_max: int) -> CostModel:

@@ -57,7 +57,7 @@ def running_server(llm, spec, max_queued: int = 16, api_key: str | None = None, 
 
 
 @contextmanager
-def server_process(args: list[str], log_path):
+def server_process(args: list[str], log_path, env: dict | None = None):
     """`specdec serve ARGS --port P` in a child process, its output in log_path; yields (proc, url) once /health
     answers 200 (the child dying or 120 s passing fails the test with the log). A child still running is killed."""
     import httpx
@@ -65,7 +65,7 @@ def server_process(args: list[str], log_path):
     port = free_port()
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", *args, "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT)
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.time() + 120

@@ -86,7 +86,7 @@ def test_serve_rejects_bad_speculative_config(capsys, config, message):
 
 @pytest.mark.parametrize("args, message", [
     (["--spec-heads", "lookahead"], "'lookahead' is not a learned head method"),
-    (["--speculative-config", '{"method": "ngram", "eagle_topk": 4}'], "needs a learned head"),
+    (["--speculative-config", '{"method": "ngram", "eagle_topk": 4}'], "needs a method that drafts trees"),
     (["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 4, "eagle_topk": 2, "num_steps": 6}'],
      "num_steps"),
 ])

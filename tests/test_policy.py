@@ -65,10 +65,10 @@ def test_larger_alpha_means_larger_k():
 
 def test_step_controller_adapts_k_within_a_request():
     ctl = StepController("draft", 4, 0.9, CPU, PolicyConfig())
-    assert ctl.plan(0, 0) == ("draft", 4)
+    assert ctl.plan(0, 0) == ("model", 4)
     for _ in range(6):                       # everything rejected: k shrinks to 0 (plain steps)
         ctl.observe("draft", ctl.k or 1, 0)
-    assert ctl.k == 0 and ctl.plan(0, 0) == ("draft", 0)
+    assert ctl.k == 0 and ctl.plan(0, 0) == ("model", 0)
     good = StepController("draft", 1, 0.6, CPU, PolicyConfig())
     for _ in range(20):                      # everything accepted: k grows
         good.observe("draft", max(good.k, 1), max(good.k, 1))
@@ -78,21 +78,21 @@ def test_step_controller_adapts_k_within_a_request():
 def test_step_controller_takes_lookup_where_it_beats_the_draft():
     ctl = StepController("draft", 4, 0.9, CPU, PolicyConfig())
     # before any record: a lookup guess is worth less than a good draft
-    assert ctl.plan(4, 8)[0] == "draft"
+    assert ctl.plan(4, 8)[0] == "model"
     # shadow record: long matches' guesses agreed with what the target committed; single-token matches did not
     for _ in range(6):
         ctl.observe("draft", 4, 4, n=4, lookup_len=8, lookup_matched=4)
         ctl.observe("draft", 4, 4, n=1, lookup_len=8, lookup_matched=0)
     assert ctl.plan(4, 8)[0] == "lookup"     # copying: verify the guess, no draft steps spent
-    assert ctl.plan(1, 8) == ("draft", ctl.k)
-    assert ctl.plan(0, 0) == ("draft", ctl.k)
+    assert ctl.plan(1, 8) == ("model", ctl.k)
+    assert ctl.plan(0, 0) == ("model", ctl.k)
     # verified lookup steps update the record the same way: a run of rejections sends the steps back to the draft
     for _ in range(12):
         ctl.observe("lookup", 8, 0, n=4, lookup_len=8, lookup_matched=0)
-    assert ctl.plan(4, 8)[0] == "draft" and ctl.lookup_steps == 12
+    assert ctl.plan(4, 8)[0] == "model" and ctl.lookup_steps == 12
     # without a useful draft (k = 0) any guess beats a plain step on a machine where verification is free
     lone = StepController("ngram", 0, 0.3, CPU, PolicyConfig())
-    assert lone.plan(1, 3)[0] == "lookup" and lone.plan(0, 0) == ("draft", 0)
+    assert lone.plan(1, 3)[0] == "lookup" and lone.plan(0, 0) == ("model", 0)
 
 
 class _Stats:
@@ -138,7 +138,7 @@ def test_draft_is_explored_and_lookup_is_scored_for_free():
     ctl = pol.controller(first, "edit", 0.0)
     for _ in range(12):
         source, k = ctl.plan(4, 8)
-        ctl.observe(source, k, 0 if source == "draft" else 6, n=4, lookup_len=8, lookup_matched=6)
+        ctl.observe(source, k, 0 if source == "model" else 6, n=4, lookup_len=8, lookup_matched=6)
     assert ctl.lookup_steps > 0 and ctl.steps > 0
     pol.record("edit", first, 0.0, _Stats(drafted=40, accepted=20, steps=12), ctl)
     pool = pol.pools["edit"]
@@ -236,7 +236,7 @@ def test_a_head_is_chosen_by_its_own_step_cost():
                   ("ngram", "draft", "eagle3")).method == "draft"
     # the step controller drafts with the head it was given, priced as the head
     ctl = StepController("eagle3", 4, 0.6, cheap_head, PolicyConfig())
-    assert ctl.model == "eagle3" and ctl.plan(0, 0)[0] == "draft" and ctl.plan(0, 0)[1] > 0
+    assert ctl.model == "eagle3" and ctl.plan(0, 0)[0] == "model" and ctl.plan(0, 0)[1] > 0
 
 
 def test_a_head_is_timed_after_a_target_step_as_in_the_engine(tiny_dirs, monkeypatch):

@@ -491,3 +491,42 @@ def test_models_load_measure_and_step_on_one_thread(tiny_dirs, monkeypatch):
         assert r.status_code == 200, r.text
     assert len(seen["load"]) == 1 and seen["load"] == seen["measure"] == seen["step"], seen
     assert threading.get_ident() not in seen["load"]
+
+
+def test_every_method_the_status_lists_answers_per_request_as_plain_decoding(tiny_dirs, tiny_models, tmp_path):
+    """/v1/speculative/status lists the methods this server runs, each with its status section; each answers a
+    per-request override with 200 and the same greedy text as method none (suffix and the heads included); a
+    declared method it does not run, and an unknown one, are 400 naming the parameter."""
+    from test_heads import _eagle3, _medusa
+
+    from specdec import LLM
+    from specdec.models.heads import save_head, target_fingerprint
+
+    target, _ = tiny_models
+    save_head(_eagle3(target.model), "eagle3", tmp_path / "e3",
+              {"specdec_target_fingerprint": target_fingerprint(target.model)})
+    save_head(_medusa(target.model, truncated=150), "medusa", tmp_path / "med")
+    llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
+              speculative=SpeculativeConfig(method="auto"), progress=False,
+              heads={"eagle3": str(tmp_path / "e3"), "medusa": str(tmp_path / "med")})
+    with running_server(llm, llm.speculative) as (url, _):
+        listed = httpx.get(url + "/v1/speculative/status", timeout=10).json()["methods"]
+        assert [m["method"] for m in listed] == ["none", "ngram", "suffix", "draft", "eagle3", "medusa", "auto"]
+        assert all({"kind", "default_k", "tree", "origin", "status"} <= set(m) for m in listed)
+        texts = {}
+        for m in listed:
+            body = {"messages": MSG, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+                    "speculative": {"method": m["method"]}, "spec_pool": "code"}
+            r = _post(url, body)
+            assert r.status_code == 200, (m["method"], r.text)
+            texts[m["method"]] = r.json()["choices"][0]["message"]["content"]
+            if m["kind"] != "policy":
+                assert r.json()["speculative"]["method"] == m["method"]
+        assert all(t == texts["none"] for t in texts.values()), texts
+        suffix = next(m for m in httpx.get(url + "/v1/speculative/status", timeout=10).json()["methods"]
+                      if m["method"] == "suffix")
+        assert suffix["status"]["pools"] >= 1 and suffix["status"]["tokens"] > 0     # it learned the answers
+        for method, says in (("eagle", "needs its head loaded"), ("lookahead", "unknown speculative method")):
+            r = _post(url, {"messages": MSG, "speculative": {"method": method}})
+            assert r.status_code == 400 and r.json()["error"]["param"].startswith("speculative"), r.text
+            assert says in r.json()["error"]["message"]

@@ -38,8 +38,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("specdec.policy",),
     # the step loop over everything below
     ("specdec.engine",),
-    # the offline API: loads the models, builds the engine
-    ("specdec.engine_args", "specdec.llm"),
+    # the offline API: its arguments, the models they name loaded, the engine built over them
+    ("specdec.engine_args", "specdec.loading", "specdec.llm"),
     # the public surface (specdec/__init__.py)
     ("specdec",),
     # offline tools that drive LLM; train reads bench's dataset readers

@@ -16,10 +16,10 @@ conversation back to back (the next turn sent the moment the last one ends: an a
 from __future__ import annotations
 
 import asyncio
-import inspect
 import random
 
 from ..errors import SpecDecError
+from .datasets import module_source
 from .summary import median, percentile
 
 SOURCE_CHARS = 2600             # a module's first ~60 lines (~700 tokens with the Qwen2.5 tokenizer)
@@ -37,14 +37,6 @@ QUESTIONS = (
 SHAREGPT_MAX_CHARS = 2000
 
 
-def _source(module: str) -> str:
-    import importlib
-
-    text = inspect.getsource(importlib.import_module(module))
-    cut = text.rfind("\n", 0, SOURCE_CHARS)
-    return text[: cut if cut > 0 else SOURCE_CHARS]
-
-
 def load_conversations(source: str, turns: int, seed: int = 0) -> list[dict]:
     """[{"id": str, "category": str, "user": [first message, second, ...]}] with at least `turns` user messages."""
     if turns < 1:
@@ -53,7 +45,7 @@ def load_conversations(source: str, turns: int, seed: int = 0) -> list[dict]:
         raise SpecDecError(f"the builtin conversations have {len(QUESTIONS)} turns; asked for {turns}")
     if source == "builtin":
         return [{"id": f"code-{m}", "category": "code-review",
-                 "user": [f"Here is a Python module:\n```python\n{_source(m)}\n```\n{QUESTIONS[0]}",
+                 "user": [f"Here is a Python module:\n```python\n{module_source(m, SOURCE_CHARS)}\n```\n{QUESTIONS[0]}",
                           *QUESTIONS[1:turns]]} for m in MODULES]
     if source == "sharegpt" or source.startswith("sharegpt:"):
         from .datasets import sharegpt_conversations, source_count

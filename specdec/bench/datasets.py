@@ -96,17 +96,22 @@ def load_humaneval_twice(n: int) -> list[dict]:
     return first + second
 
 
+def module_source(module: str, num_chars: int) -> str:
+    """A standard-library module's source up to the last line break before num_chars (text every Python has)."""
+    import importlib
+    import inspect
+
+    text = inspect.getsource(importlib.import_module(module))
+    cut = text.rfind("\n", 0, num_chars)
+    return text[: cut if cut > 0 else num_chars]
+
+
 def load_shared_prefix(n: int) -> list[dict]:
     """n requests behind one ~1k-token system prompt (a project's source, as a coding agent or a tool-calling app
     resends on every call); the user messages cycle through the built-in prompts, each numbered so no two requests
     are the same. What a prefix cache computes once."""
-    import inspect
-    import textwrap
-
-    source = inspect.getsource(textwrap)
-    source = source[:source.rfind("\n", 0, SHARED_PREFIX_CHARS)]
     system = ("You are a coding assistant working on this module. Answer the user's request briefly.\n\n"
-              f"```python\n{source}\n```")
+              f"```python\n{module_source('textwrap', SHARED_PREFIX_CHARS)}\n```")
     out = []
     for i in range(n):
         p = BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)]

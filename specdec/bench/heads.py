@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from ..config import HEAD_METHODS, SpeculativeConfig
+from ..config import METHOD_TABLE, PLAIN, QUANTIZATIONS, SpeculativeConfig, head_methods
 
 
 def measure(llm, heads: dict[str, str | None], schemes: list[str], context: int = 256, rounds: int = 3,
@@ -23,9 +23,9 @@ def measure(llm, heads: dict[str, str | None], schemes: list[str], context: int 
     """heads: {method: head directory, or None for the target's shipped head} -> {"heads": {(method, scheme):
     (first_s, further_s)}, "target_s": a one-row target forward, "packed": {(method, scheme): the scheme run}},
     times in seconds."""
-    from ..llm import load_head_for
+    from ..loading import load_head_for
     from ..policy.measure import forward_times, head_times, one_target_step
-    from ..proposers.heads import make_head_proposer
+    from ..proposers import BuildContext, build_proposer
 
     model, eng = llm.target.model, llm.engine
     w = model.embed_tokens.weight
@@ -34,8 +34,9 @@ def measure(llm, heads: dict[str, str | None], schemes: list[str], context: int 
         for q in schemes:
             head = load_head_for(m, path, llm.target, q)
             packed[(m, q)] = head.quantization          # the scheme its linears really run
-            proposers[(m, q)] = make_head_proposer(m, head.module, model, eng.vocab_size,
-                                                   eng.sched_cfg.max_total_tokens)
+            proposers[(m, q)] = build_proposer(m, BuildContext(model, eng.vocab_size, eng.sched_cfg.max_total_tokens,
+                                                               eng.sched_cfg.max_num_batched_tokens,
+                                                               heads={m: head.module}))
     best: dict = {}
     with torch.inference_mode():
         target_s = forward_times(model, [1], context, repeats)[1]
@@ -53,18 +54,19 @@ def main(argv: list[str] | None = None) -> None:
     from ..llm import LLM
 
     ap = argparse.ArgumentParser(prog="python -m specdec.bench.heads", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quantization", default="none", choices=["none", "int8", "int4"], help="the target's linears")
-    ap.add_argument("--methods", default="eagle3,medusa", help=f"comma list of {', '.join(HEAD_METHODS)}")
+    ap.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS), help="the target's linears")
+    ap.add_argument("--methods", default=",".join(m for m in head_methods() if METHOD_TABLE[m].trainable),
+                    help=f"comma list of {', '.join(head_methods())}")
     ap.add_argument("--head-quantization", default="none,int8", help="comma list of none, int8, int4")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     methods, schemes = args.methods.split(","), args.head_quantization.split(",")
-    bad = [m for m in methods if m not in HEAD_METHODS] + [q for q in schemes if q not in ("none", "int8", "int4")]
+    bad = [m for m in methods if m not in head_methods()] + [q for q in schemes if q not in QUANTIZATIONS]
     if bad:
         raise SystemExit(f"python -m specdec.bench.heads: unknown method or scheme {bad}")
-    llm = LLM(quantization=args.quantization, progress=False, speculative=SpeculativeConfig(method="none"))
+    llm = LLM(quantization=args.quantization, progress=False, speculative=SpeculativeConfig(method=PLAIN))
     r = measure(llm, dict.fromkeys(methods), schemes, args.context, args.rounds, args.repeats)
     t1 = r["target_s"]
     print(f"target forward (1 row, {args.context} keys): {t1 * 1e3:.1f} ms; best of {args.rounds} rounds")

@@ -16,7 +16,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import DEFAULT_K, HEAD_METHODS, K_MAX, K_MIN, METHODS, TREE_METHODS, SpeculativeConfig
+from ..config import (
+    AUTO,
+    K_MAX,
+    K_MIN,
+    PLAIN,
+    SpeculativeConfig,
+    draft_model_method,
+    get_method,
+    lookup_method,
+    method_names,
+    tree_methods,
+)
 from ..errors import SpecDecError
 from ..metrics.stats import peak_rss_mb
 from ..sampling_params import SamplingParams
@@ -24,9 +35,19 @@ from ..utils import write_json_atomic, write_text_atomic
 from .datasets import load_prompts
 from .summary import summarize
 
-# bench-only labels: a learned head drafting token trees (eagle_topk > 1), beside its chain
-TREE_LABELS = {f"{m}-tree": m for m in TREE_METHODS}
-BENCH_METHODS = (*METHODS, *TREE_LABELS)
+
+def tree_labels() -> dict[str, str]:
+    """Bench-only labels: a method drafting token trees (eagle_topk > 1), beside its chain: {label: method}."""
+    return {f"{m}-tree": m for m in tree_methods()}
+
+
+def bench_methods() -> tuple[str, ...]:
+    return (*method_names(), *tree_labels())
+
+
+def base_method(label: str) -> str:
+    """The declared method a bench label runs (a `-tree` label's method)."""
+    return tree_labels().get(label, label)
 RUN_FIELDS = ("method", "k", "temperature", "repeat", "prompt_index", "category", "seed", "prompt_tokens",
               "completion_tokens", "finish_reason", "ttft_s", "tpot_s", "decode_tok_s", "e2e_s",
               "acceptance_rate", "mean_accepted_length", "accepted_per_position", "draft_time_s", "verify_time_s",
@@ -38,7 +59,7 @@ RUN_FIELDS = ("method", "k", "temperature", "repeat", "prompt_index", "category"
 class OfflineBenchConfig:
     prompts: str = "builtin"
     categories: list[str] | None = None     # keep only these categories of the prompt source
-    methods: list[str] = field(default_factory=lambda: ["none", "ngram", "draft"])
+    methods: list[str] = field(default_factory=lambda: [PLAIN, lookup_method(), draft_model_method()])
     ks: list[int] = field(default_factory=lambda: [4])
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     max_tokens: int = 128
@@ -67,13 +88,13 @@ class OfflineBenchConfig:
     def __post_init__(self):
         from .peers import PEERS
 
-        bad = [m for m in self.methods if m not in BENCH_METHODS]
+        bad = [m for m in self.methods if m not in bench_methods()]
         if bad:
-            raise SpecDecError(f"unknown method '{bad[0]}' (choose from: {', '.join(BENCH_METHODS)})")
+            raise SpecDecError(f"unknown method '{bad[0]}' (choose from: {', '.join(bench_methods())})")
         if not self.methods:
             raise SpecDecError("--methods is empty")
-        if "none" not in self.methods:      # the baseline every speedup and parity is measured against
-            self.methods = ["none", *self.methods]
+        if PLAIN not in self.methods:       # the baseline every speedup and parity is measured against
+            self.methods = [PLAIN, *self.methods]
         bad = [p for p in self.peers if p not in PEERS]
         if bad:
             raise SpecDecError(f"unknown peer '{bad[0]}' (choose from: {', '.join(PEERS)})")
@@ -88,14 +109,17 @@ class OfflineBenchConfig:
     def configs(self) -> list[tuple[str, int]]:
         """(method, k) pairs; `auto` runs once (k = 0 here: the policy picks k per request, up to max(ks)); a tree
         method's k is its node count (--tree-tokens, else --k)."""
-        return [("none", 0)] + [(m, k) for m in self.methods if m not in ("none", "auto")
-                                for k in (self.tree_tokens or self.ks if m in TREE_LABELS else self.ks)] + \
-            [("auto", 0) for m in self.methods if m == "auto"]
+        trees = tree_labels()
+        policies = [m for m in self.methods if get_method(base_method(m)).kind == "policy"]
+        return [(PLAIN, 0)] + [(m, k) for m in self.methods if m != PLAIN and m not in policies
+                               for k in (self.tree_tokens or self.ks if m in trees else self.ks)] + \
+            [(m, 0) for m in policies]
 
     def spec(self, method: str, k: int) -> SpeculativeConfig:
-        tree = method in TREE_LABELS
-        return SpeculativeConfig(method=TREE_LABELS.get(method, method),
-                                 num_speculative_tokens=k or (max(self.ks) if method == "auto" else None),
+        tree = method in tree_labels()
+        policy = get_method(base_method(method)).kind == "policy"
+        return SpeculativeConfig(method=base_method(method),
+                                 num_speculative_tokens=k or (max(self.ks) if policy else None),
                                  prompt_lookup_max=self.prompt_lookup_max, prompt_lookup_min=self.prompt_lookup_min,
                                  eagle_topk=self.eagle_topk if tree else 1,
                                  num_steps=min(self.num_steps or 4, k) if tree else None)
@@ -145,7 +169,8 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     if out.exists() and not out.is_dir():
         raise SpecDecError(f"--out {out} exists and is not a directory")
     # hf-assisted uses the draft too, when one is loaded (method draft, or --draft given)
-    need_draft = "draft" in cfg.methods or "auto" in cfg.methods or cfg.draft is not None
+    declared = [get_method(base_method(m)) for m in cfg.methods]
+    need_draft = any(m.needs == "draft_model" or m.kind == "policy" for m in declared) or cfg.draft is not None
     if cfg.quantization is None:      # --quantization left out: what the target's file and the device call for
         from ..models.loader import default_quantization
 
@@ -156,13 +181,12 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
               quantization=cfg.quantization, head_quantization=cfg.head_quantization,
               # every method's run of a prompt starts cold: a cached prefix would favour the later runs' TTFT
               enable_prefix_caching=False,
-              heads={m: cfg.heads.get(m) for m in dict.fromkeys(TREE_LABELS.get(m, m) for m in cfg.methods)
-                     if m in HEAD_METHODS},
-              speculative=SpeculativeConfig(method="draft" if need_draft else "none",
+              heads={m.name: cfg.heads.get(m.name) for m in dict.fromkeys(declared) if m.needs == "head"},
+              speculative=SpeculativeConfig(method=draft_model_method() if need_draft else PLAIN,
                                             quantization=cfg.draft_quantization,
                                             prompt_lookup_max=cfg.prompt_lookup_max,
                                             prompt_lookup_min=cfg.prompt_lookup_min))
-    if "auto" in cfg.methods:
+    if AUTO in cfg.methods:
         from ..policy import PolicyConfig
 
         llm.policy(PolicyConfig(k_max=max(cfg.ks)))          # measures (or reads) the cost model before timing
@@ -175,8 +199,8 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     warm = SamplingParams(max_tokens=4, temperature=0.0)
     for m in dict.fromkeys(m for m, _ in cfg.configs()):
         # auto: warm the methods it may pick, without teaching its pools anything
-        for sub in (("none", *llm.policy().available) if m == "auto" else (m,)):
-            llm.generate(prompt_ids[0], warm, spec=SpeculativeConfig(method=sub) if m == "auto" else
+        for sub in ((PLAIN, *llm.policy().available) if m == AUTO else (m,)):
+            llm.generate(prompt_ids[0], warm, spec=SpeculativeConfig(method=sub) if m == AUTO else
                          next(spec for (mm, _), spec in specs.items() if mm == m))
 
     peers, peer_info = _load_peers(cfg, llm, prompt_ids)
@@ -195,8 +219,9 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
               "draft_kv_bytes_per_token": draft_kv_per_token, "peak_rss_mb": peak_rss_mb(),
               "heads": {m: {"weight_bytes": h.module.weight_nbytes(), "quantization": h.quantization}
                         for m, h in llm.heads.items()},
-              "suffix": llm.engine.proposers["suffix"].status() if "suffix" in llm.engine.proposers else None}
-    config = {**asdict(cfg), **({"policy": llm.policy().status()} if "auto" in cfg.methods else {}),
+              # each method's own status section (suffix decoding's pools: count, tokens, bytes)
+              "methods": {m["method"]: m["status"] for m in llm.methods() if m["status"]}}
+    config = {**asdict(cfg), **({"policy": llm.policy().status()} if AUTO in cfg.methods else {}),
               "methods": list(dict.fromkeys(m for m, _ in cfg.configs())),
               "target": llm.target.name, "draft": llm.draft.name if llm.draft else None,
               "target_source": str(llm.target.source), "draft_source": str(llm.draft.source) if llm.draft else None,
@@ -212,15 +237,16 @@ def _load_peers(cfg: OfflineBenchConfig, llm, prompt_ids) -> tuple[dict, dict]:
     from .peers import HFPeer, LlamaCppPeer, PeerRequest
 
     peers, info = {}, {}
+    lookup_k = get_method(lookup_method()).default_k     # the peers' prompt lookup runs at our default k
     try:
         for name in cfg.peers:
             t0 = time.perf_counter()
             if name == "hf":
                 peer = HFPeer(llm.target.source, llm.draft.source if llm.draft else None, cfg.dtype,
-                              llm.tokenizer.eos_token_ids, DEFAULT_K["ngram"])
+                              llm.tokenizer.eos_token_ids, lookup_k)
             else:
                 n_ctx = min(llm.target.config.max_position_embeddings, max(map(len, prompt_ids)) + cfg.max_tokens + 64)
-                peer = LlamaCppPeer(llm.target.source, n_ctx, cfg.threads or os.cpu_count() or 1, DEFAULT_K["ngram"],
+                peer = LlamaCppPeer(llm.target.source, n_ctx, cfg.threads or os.cpu_count() or 1, lookup_k,
                                     llm.tokenizer.eos_token_ids)
             peers[name] = peer
             info[name] = {"methods": peer.methods, "load_s": time.perf_counter() - t0}
@@ -261,12 +287,12 @@ def _run_all(cfg: OfflineBenchConfig, llm, prompts, prompt_ids, specs: dict, pee
                         # method's run of the same prompt would hand suffix decoding the answer)
                         o = llm.generate(ids, params, spec=spec, pool=f"{prompt.get('pool', prompt['category'])}/{m}",
                                          request_id=f"{i}-{rep}-{temp}")[0]
-                        if m == "auto":
+                        if m == AUTO:
                             run.update({"chosen_method": o.stats.method, "chosen_k": o.stats.num_speculative_tokens,
                                         "policy_reason": o.stats.policy_reason})
                         run.update({f: v for f, v in o.stats.to_dict().items() if f in RUN_FIELDS and f not in run})
                         run["token_ids"] = o.token_ids
-                        if m == "draft":
+                        if get_method(base_method(m)).needs == "draft_model":
                             run["draft_kv_bytes"] = draft_kv_per_token * (len(ids) + len(o.token_ids) + k)
                     except Exception as exc:  # noqa: BLE001 - one failing run is data, not the end of the bench
                         run["error"] = f"{type(exc).__name__}: {exc}"
@@ -290,7 +316,7 @@ def _run_all(cfg: OfflineBenchConfig, llm, prompts, prompt_ids, specs: dict, pee
 def _add_parity(llm, prompt_ids: list[list[int]], runs: list[dict]) -> None:
     """parity: same token ids as the `none` run with the same prompt, temperature and seed."""
     base = {(r["prompt_index"], r["temperature"], r["repeat"]): r for r in runs
-            if r["method"] == "none" and "token_ids" in r}
+            if r["method"] == PLAIN and "token_ids" in r}
     for r in runs:
         b = base.get((r["prompt_index"], r["temperature"], r["repeat"]))
         if "token_ids" not in r or b is None:

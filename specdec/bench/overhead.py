@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 
+from ..config import PLAIN
 from .summary import median
 
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specdec.bench.overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("offline")
     p.add_argument("served")
-    p.add_argument("--method", default="none", help="the offline method the server ran")
+    p.add_argument("--method", default=PLAIN, help="the offline method the server ran")
     p.add_argument("--k", type=int, default=None)
     p.add_argument("--label", default=None, help="the bench serve endpoint label (default: every endpoint)")
     args = p.parse_args(argv)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..config import METHOD_TABLE
 from ..utils import atomic_path
 from .summary import ALL
 
@@ -31,7 +32,7 @@ def write_plots(result: dict, out: Path) -> list[str]:
     t0 = temps[0]
     cats = list(dict.fromkeys(r["category"] for r in summary if r["category"] != ALL))
     methods = list(dict.fromkeys(r["method"] for r in summary))
-    spec = [m for m in methods if m in ("ngram", "draft", "auto")]
+    spec = [m for m in methods if m in METHOD_TABLE and METHOD_TABLE[m].kind != "plain"]
     files = []
 
     # 1. decode tok/s by method and category (each method at its fastest k)

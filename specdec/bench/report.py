@@ -7,7 +7,7 @@ config is recommended when it beats plain decoding by at least ENABLE_MIN_SPEEDU
 """
 from __future__ import annotations
 
-from ..config import METHOD_TABLE
+from ..config import AUTO, METHOD_TABLE, PLAIN
 from .summary import ALL
 
 ENABLE_MIN_SPEEDUP = 1.10      # below this a single run on a shared machine cannot tell a win from noise
@@ -15,9 +15,22 @@ MIN_ACCEPTANCE = 0.40          # a draft model accepted less than this wastes it
 MIN_OUTPUT_TOKENS = 32         # shorter outputs: prefill dominates and speculation has no time to pay
 # A speedup can only come from committing more than one token per target forward; a config that does not
 # (tokens_per_forward < ENABLE_MIN_SPEEDUP) is ruled out whatever its timing says.
-SPEC_METHODS = tuple(m.name for m in METHOD_TABLE.values() if m.kind != "plain") + tuple(
-    f"{m.name}-tree" for m in METHOD_TABLE.values() if m.tree)
-FREE_METHODS = tuple(m.name for m in METHOD_TABLE.values() if m.kind in ("lookup", "cache"))
+
+
+def spec_methods() -> tuple[str, ...]:
+    """Every declared method that speculates, and each tree method's `-tree` label (bench offline's runs)."""
+    return tuple(m.name for m in METHOD_TABLE.values() if m.kind != "plain") + tuple(
+        f"{m.name}-tree" for m in METHOD_TABLE.values() if m.tree)
+
+
+def _free(method: str) -> bool:
+    m = METHOD_TABLE.get(method)
+    return m is not None and m.free
+
+
+def _reads_draft_model(method: str) -> bool:
+    m = METHOD_TABLE.get(method)
+    return m is not None and m.needs == "draft_model"
 
 
 def _rows(summary, **match):
@@ -38,10 +51,11 @@ def recommend(summary: list[dict]) -> list[dict]:
     out = []
     for temp in _temperatures(summary):
         for cat in _categories(summary):
-            base = _rows(summary, method="none", category=cat, temperature=temp)
+            base = _rows(summary, method=PLAIN, category=cat, temperature=temp)
+            spec = spec_methods()
             cands = [r for r in summary if r["category"] == cat and r["temperature"] == temp
-                     and r["method"] in SPEC_METHODS and r.get("speedup") is not None]
-            dec = {"category": cat, "temperature": temp, "enable": False, "method": "none", "k": 0,
+                     and r["method"] in spec and r.get("speedup") is not None]
+            dec = {"category": cat, "temperature": temp, "enable": False, "method": PLAIN, "k": 0,
                    "expected_speedup": 1.0}
             if not cands:
                 out.append({**dec, "why": "no speculative run measured"})
@@ -51,7 +65,7 @@ def recommend(summary: list[dict]) -> list[dict]:
             for r in cands:
                 if (r.get("completion_tokens") or 0) < MIN_OUTPUT_TOKENS:
                     excluded.append((r, f"outputs of {r['completion_tokens']:.0f} tokens are too short to amortise it"))
-                elif r["method"] == "draft" and (r.get("acceptance_rate") or 0) < MIN_ACCEPTANCE:
+                elif _reads_draft_model(r["method"]) and (r.get("acceptance_rate") or 0) < MIN_ACCEPTANCE:
                     excluded.append((r, f"acceptance {r['acceptance_rate'] or 0:.2f} is below {MIN_ACCEPTANCE}"))
                 elif r.get("tokens_per_forward") is not None and r["tokens_per_forward"] < ENABLE_MIN_SPEEDUP:
                     excluded.append((r, f"only {r['tokens_per_forward']:.2f} tokens per target forward, so its "
@@ -62,7 +76,7 @@ def recommend(summary: list[dict]) -> list[dict]:
             notes = []
             if temp > 0:
                 cold = [r for r in _rows(summary, category=cat, temperature=min(_temperatures(summary)))
-                        if r["method"] in SPEC_METHODS and r.get("acceptance_rate") is not None]
+                        if r["method"] in spec and r.get("acceptance_rate") is not None]
                 here = [r for r in cands if r.get("acceptance_rate") is not None]
                 best_cold = max((r["acceptance_rate"] for r in cold), default=None)
                 best_here = max((r["acceptance_rate"] for r in here), default=None)
@@ -76,7 +90,7 @@ def recommend(summary: list[dict]) -> list[dict]:
                 if best.get("acceptance_rate") is not None:
                     why += (f", acceptance {best['acceptance_rate']:.2f}, "
                             f"mean accepted length {best['mean_accepted_length']:.2f}")
-                if (best["method"] in FREE_METHODS and best["acceptance_rate"] is not None
+                if (_free(best["method"]) and best["acceptance_rate"] is not None
                         and best["acceptance_rate"] < MIN_ACCEPTANCE):
                     why += f" (low acceptance is fine here: {best['method']} drafts cost no forward pass)"
                 out.append({**dec, "enable": True, "method": best["method"], "k": best["k"],
@@ -100,7 +114,7 @@ def _label(r: dict) -> str:
 
 def _k(r: dict) -> str:
     """k as a table cell; `auto` picks k (and lookup or draft) per step."""
-    return "per step" if r["method"] == "auto" else str(r["k"])
+    return "per step" if r["method"] == AUTO else str(r["k"])
 
 
 def _f(x, fmt="{:.2f}", none="-"):
@@ -184,7 +198,7 @@ def render_report(result: dict, plots: list[str]) -> str:
                   "|---|---|---|" + "---|" * len(peer_methods)]
         for temp in _temperatures(summary):
             for cat in cats:
-                ours = [r for r in _best_per_method(summary, cat, temp) if r["method"] in ("none", *SPEC_METHODS)]
+                ours = [r for r in _best_per_method(summary, cat, temp) if r["method"] in (PLAIN, *spec_methods())]
                 if not ours:
                     continue
                 best = max(ours, key=lambda r: r["decode_tok_s"])
@@ -229,17 +243,18 @@ def render_report(result: dict, plots: list[str]) -> str:
               *(["- learned heads' weights as run: " + "; ".join(
                   f"{m} {h['weight_bytes'] / 2**20:.1f} MiB ({h['quantization']})" for m, h in mem["heads"].items())]
                 if mem.get("heads") else []),
-              *([f"- suffix decoding's pools after the runs: {mem['suffix']['pools']} pool(s), "
-                 f"{mem['suffix']['tokens']} tokens, {mem['suffix']['bytes'] / 2**10:.0f} KiB (each pool at most "
-                 f"{mem['suffix']['max_tokens_per_pool']} tokens)"] if (mem.get("suffix") or {}).get("pools") else []),
+              *[f"- {m}'s state after the runs: " + ", ".join(f"{k} {v}" for k, v in section.items() if k != "bytes")
+                + f", {section['bytes'] / 2**10:.0f} KiB" for m, section in (mem.get("methods") or {}).items()
+                if section.get("bytes")],
               f"- peak RSS of the benchmark process {mem['peak_rss_mb']:.0f} MiB (peers loaded after specdec's runs "
               "add to it)", ""]
 
     runs = result["runs"]
-    mism = [r for r in runs if r.get("parity") is False and r["temperature"] == 0 and r["method"] in SPEC_METHODS]
+    spec = spec_methods()
+    mism = [r for r in runs if r.get("parity") is False and r["temperature"] == 0 and r["method"] in spec]
     lines += ["## Parity (greedy)", ""]
     greedy_spec = [r for r in runs
-                   if r["temperature"] == 0 and r["method"] in SPEC_METHODS and r.get("parity") is not None]
+                   if r["temperature"] == 0 and r["method"] in spec and r.get("parity") is not None]
     if greedy_spec:
         lines.append(f"- {sum(r['parity'] for r in greedy_spec)}/{len(greedy_spec)} greedy speculative runs are "
                      "token-identical to plain decoding.")

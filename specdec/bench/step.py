@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 from torch import nn
 
-from ..config import SpeculativeConfig
+from ..config import PLAIN, SpeculativeConfig
 from ..sampling_params import SamplingParams
 from .datasets import load_prompts
 
@@ -71,7 +71,7 @@ def measure(llm, seqs: int, steps: int, ops_impl: str = "auto") -> dict:
     prompts = [llm.encode(p["messages"])[:room] for p in load_prompts("builtin")]
     ids = [f"bench-step-{seqs}-{i}" for i in range(seqs)]
     for i, rid in enumerate(ids):
-        eng.add_request(rid, prompts[i % len(prompts)], params, SpeculativeConfig(method="none"))
+        eng.add_request(rid, prompts[i % len(prompts)], params, SpeculativeConfig(method=PLAIN))
     try:
         while eng.num_waiting or any(s.prefilling for s in eng.scheduler.running):
             eng.step()
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [i for i in impls if i not in cpu_ops.OPS_IMPLS]
     if unknown:
         raise SystemExit(f"--ops-impl: unknown {unknown}; choose from {', '.join(cpu_ops.OPS_IMPLS)}")
-    llm = LLM(quantization=args.quantization, progress=False, speculative=SpeculativeConfig(method="none"))
+    llm = LLM(quantization=args.quantization, progress=False, speculative=SpeculativeConfig(method=PLAIN))
     for n, impl in ((int(v), i) for v in args.seqs.split(",") for i in impls):
         r = measure(llm, n, args.steps, impl)
         print(f"{n} sequence(s), ops {impl}: step median {r['step_ms']:.1f} ms (min {r['min_ms']:.1f}); per step: "

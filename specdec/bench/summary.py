@@ -10,6 +10,8 @@ import math
 import statistics
 from collections import defaultdict
 
+from ..config import PLAIN
+
 ALL = "all"
 
 
@@ -41,7 +43,7 @@ def ok(run: dict) -> bool:
 
 def summarize(runs: list[dict]) -> list[dict]:
     """One row per (method, k, temperature, category), plus category 'all' per (method, k, temperature)."""
-    base = {baseline_key(r): r for r in runs if r["method"] == "none" and ok(r)}
+    base = {baseline_key(r): r for r in runs if r["method"] == PLAIN and ok(r)}
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in runs:
         groups[(*config_key(r), r["category"])].append(r)

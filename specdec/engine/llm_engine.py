@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import METHOD_TABLE, SpeculativeConfig
+from ..config import AUTO, SpeculativeConfig, get_method, lookup_method
 from ..errors import SpecDecError
 from ..models.kv_manager import KVManager
 from ..models.prefix_cache import PrefixCache
@@ -85,7 +85,7 @@ class LLMEngine:
         """The speculation policy of method auto (built on first use: it measures or reads the cost model)."""
         if self._policy is None:
             if self._policy_factory is None:
-                raise SpecDecError("method 'auto' needs a speculation policy; this engine was built without one")
+                raise SpecDecError(f"method '{AUTO}' needs a speculation policy; this engine was built without one")
             self._policy = self._policy_factory()
         return self._policy
 
@@ -111,10 +111,10 @@ class LLMEngine:
         if len(prompt_ids) >= self.max_model_len:
             raise SpecDecError(f"the prompt is {len(prompt_ids)} tokens; the context window is {self.max_model_len} "
                                "tokens (the prompt and at least one new token must fit)")
-        method = METHOD_TABLE[spec.method]
+        method = get_method(spec.method)
         if method.kind not in ("plain", "policy") and spec.method not in self.proposers:
-            alike = [m for m in self.proposers if METHOD_TABLE[m].kind == method.kind]
-            raise SpecDecError(f"speculative method '{spec.method}' needs {method.needs}"
+            alike = [m for m in self.proposers if get_method(m).kind == method.kind]
+            raise SpecDecError(f"speculative method '{spec.method}' needs {method.needs_text}"
                                + (f" (the server's --speculative-config method); loaded: {', '.join(alike) or 'none'}"
                                   if method.kind == "head" else ""))
         k = spec.num_speculative_tokens or 0
@@ -145,7 +145,7 @@ class LLMEngine:
         return seq
 
     def _decide(self, seq: Sequence) -> None:
-        """Method auto: the policy picks none / ngram / draft / a head and k for this request (pool and load
+        """Method auto: the policy picks a method (or plain decoding) and k for this request (pool and load
         aware)."""
         policy, p, sp = self.policy, seq.params, seq.spec
         load = self.num_running + self.num_waiting
@@ -153,9 +153,11 @@ class LLMEngine:
                                                                    len(seq.prompt_ids)))
         sp.decision = d
         seq.stats.method, seq.stats.num_speculative_tokens, seq.stats.policy_reason = d.method, d.k, d.reason
-        if METHOD_TABLE[d.method].kind == "plain":
+        chosen = get_method(d.method)
+        if chosen.kind == "plain":
             sp.method, sp.k = d.method, 0
-        elif METHOD_TABLE[d.method].kind == "cache":      # suffix decoding outdraws the others here: it runs alone
+        elif chosen.free and d.method != lookup_method():
+            # a cache (suffix decoding) outdraws the others where it was chosen: it runs alone
             sp.method, sp.k = d.method, d.k
         else:   # the draft (when chosen) and prompt lookup side by side; the step controller picks per step
             sp.k = policy.cfg.k_max

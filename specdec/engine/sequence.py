@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..config import PLAIN
 from ..metrics.stats import RequestStats
 from ..models.prefix_cache import Hit
 from ..policy.decide import Decision, StepController
@@ -22,7 +23,7 @@ _ids = itertools.count()
 class SpecState:
     """How this sequence speculates. `method` is what runs: none | ngram | draft | auto (the policy's step
     controller picks, per step, the draft's k or prompt lookup's guess). k: the fixed k, or auto's upper bound."""
-    method: str = "none"
+    method: str = PLAIN
     k: int = 0
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1

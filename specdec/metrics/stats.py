@@ -5,6 +5,8 @@ import resource
 import sys
 from dataclasses import asdict, dataclass, field
 
+from ..config import PLAIN
+
 
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, in MiB."""
@@ -14,7 +16,7 @@ def peak_rss_mb() -> float:
 
 @dataclass
 class RequestStats:
-    method: str = "none"
+    method: str = PLAIN
     num_speculative_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0              # prompt tokens whose K/V came from the prefix cache (OpenAI's

@@ -77,6 +77,7 @@ class EagleConfig:
 
 
 class EagleHead(nn.Module):
+    method = "eagle"         # the speculative method it drafts for (its declaration: proposers/eagle.py)
     key_block = 1                        # for the KV manager: the head's cache needs no padding
 
     def __init__(self, cfg: EagleConfig):

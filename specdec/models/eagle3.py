@@ -91,6 +91,7 @@ class Eagle3Config:
 
 
 class Eagle3Head(nn.Module):
+    method = "eagle3"         # the speculative method it drafts for (its declaration: proposers/eagle.py)
     key_block = 1                        # for the KV manager: the head's cache needs no padding
 
     def __init__(self, cfg: Eagle3Config):

@@ -72,11 +72,11 @@ def fingerprint_of(vocab: int, hidden: int, layers: int, heads: int, embed_rows:
 def head_method(cfg: dict) -> str:
     archs = " ".join(cfg.get("architectures") or [])
     if "Eagle3" in archs or cfg.get("draft_vocab_size") is not None and "eagle" in archs.lower():
-        return "eagle3"
+        return Eagle3Head.method
     if "Medusa" in archs or cfg.get("model_type") == "medusa" or "medusa_num_heads" in cfg:
-        return "medusa"
+        return MedusaHeads.method
     if "Eagle" in archs:
-        return "eagle"
+        return EagleHead.method
     raise SpecDecError(f"not a draft head this version reads (architectures {cfg.get('architectures')}); "
                        "expected LlamaForCausalLMEagle3, EagleLlamaForCausalLM or MedusaModel; an EAGLE-1/2 head "
                        "with a plain Llama config loads as method 'eagle'")
@@ -178,9 +178,9 @@ def load_head(path: str | Path, target, dtype: torch.dtype, device: torch.device
     try:
         found = head_method(cfg)
     except SpecDecError:
-        if method != "eagle":
+        if method != EagleHead.method:
             raise
-        found = "eagle"
+        found = EagleHead.method
     if method is not None and found != method:
         raise SpecDecError(f"head {path} is a {found} head, not {method}")
     method = found
@@ -191,7 +191,7 @@ def load_head(path: str | Path, target, dtype: torch.dtype, device: torch.device
         raise SpecDecError(f"{where} was trained for another target ({cfg.get('specdec_target') or 'unnamed'}, "
                            f"fingerprint {fp}); this target's is {target_fingerprint(target)}")
     hf = _read_tensors(path)
-    if method == "eagle3":
+    if method == Eagle3Head.method:
         hcfg = Eagle3Config.from_hf(cfg, tcfg)
         if hcfg.target_hidden_size != tcfg.hidden_size:
             raise SpecDecError(f"{where} reads target hidden states of size {hcfg.target_hidden_size}; the target's "
@@ -212,7 +212,7 @@ def load_head(path: str | Path, target, dtype: torch.dtype, device: torch.device
             if hcfg.draft_vocab_size != hcfg.vocab_size:
                 raise SpecDecError(f"{where} has a reduced draft vocabulary but no d2t map")
             state["d2t"] = torch.zeros(hcfg.draft_vocab_size, dtype=torch.long)
-    elif method == "eagle":
+    elif method == EagleHead.method:
         state = _eagle_state(hf)
         hcfg = EagleConfig.from_hf(cfg, tcfg, fc_bias="fc.bias" in state)
         if hcfg.hidden_size != tcfg.hidden_size:
@@ -308,7 +308,7 @@ def pack_head(module: nn.Module, quantization: str | None = None) -> str:
 def hf_state(module: nn.Module, method: str) -> dict[str, torch.Tensor]:
     """Our module's weights under vLLM's names (q/k/v and gate/up split again)."""
     state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
-    if method == "medusa":
+    if method == MedusaHeads.method:
         out = {}
         for k, v in state.items():
             parts = k.split(".")
@@ -317,7 +317,7 @@ def hf_state(module: nn.Module, method: str) -> dict[str, torch.Tensor]:
             else:
                 out[k] = v
         return out
-    if method == "eagle":
+    if method == EagleHead.method:
         out = {}
         cfg1: EagleConfig = module.cfg
         q, kv = cfg1.num_heads * cfg1.head_dim, cfg1.num_kv_heads * cfg1.head_dim

@@ -50,6 +50,7 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
+    method = "medusa"         # the speculative method it drafts for (its declaration: proposers/medusa.py)
     def __init__(self, cfg: MedusaConfig):
         super().__init__()
         self.cfg = cfg

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..config import METHOD_TABLE
+from ..config import METHOD_TABLE, PLAIN
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -142,10 +142,11 @@ def prefill_pays(cost: CostModel, context: int, max_tokens: int, speedup: float)
 def proposal_cost(method: str, k: int, cost: CostModel) -> float:
     """Time spent proposing k tokens, in target-step units: k draft steps, one lookup (prompt or suffix), or a
     head's steps."""
-    kind = METHOD_TABLE[method].kind if method in METHOD_TABLE else None
+    m = METHOD_TABLE.get(method)
+    kind = m.kind if m is not None else None
     if kind == "model":
         return k * cost.draft_step
-    if kind in ("lookup", "cache"):       # a search of token arrays: priced like prompt lookup
+    if m is not None and m.free:          # a search of token arrays: priced like prompt lookup
         return cost.lookup
     if kind == "head" and method in cost.heads:
         first, further = cost.heads[method]
@@ -154,8 +155,8 @@ def proposal_cost(method: str, k: int, cost: CostModel) -> float:
 
 
 def expected_speedup(method: str, alpha: float, k: int, cost: CostModel) -> float:
-    """S(α, k) for `draft` or `ngram` (1.0 for `none` or k = 0)."""
-    if method == "none" or k <= 0:
+    """S(α, k) for a method that proposes (1.0 for plain decoding or k = 0)."""
+    if method == PLAIN or k <= 0:
         return 1.0
     return expected_tokens(alpha, k) / (cost.V(k + 1) + proposal_cost(method, k, cost))
 

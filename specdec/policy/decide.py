@@ -6,11 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import K_MAX, K_MIN, METHOD_TABLE, MODEL_METHODS
+from ..config import K_MAX, K_MIN, METHOD_TABLE, PLAIN, draft_model_method, get_method, lookup_method
 from ..proposers.ngram import lookup_guess
 from .cost_model import CostModel, StepBudget, best_k, expected_tokens, prefill_pays
 
-LOOKUP = next(m.name for m in METHOD_TABLE.values() if m.kind == "lookup")    # prompt lookup's proposer
+# StepController's two sources of a step's draft: its model proposer (k draft steps) or prompt lookup's guess
+MODEL, LOOKUP = "model", "lookup"
+
+
+def default_candidates() -> tuple[str, ...]:
+    """What the policy weighs when the caller does not say: prompt lookup and the draft model."""
+    return (lookup_method(), draft_model_method())
 
 
 @dataclass
@@ -48,7 +54,7 @@ class RequestFeatures:
 
 @dataclass
 class Decision:
-    method: str                       # none | ngram | draft | eagle3 | medusa
+    method: str                       # a METHOD_TABLE name; PLAIN when speculation is not expected to pay
     k: int
     expected_speedup: float
     reason: str
@@ -92,19 +98,21 @@ def effective_alpha(mean_accepted_length: float, k: int) -> float:
 
 
 def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: CostModel, cfg: PolicyConfig,
-           available: tuple[str, ...] = ("ngram", "draft")) -> Decision:
-    """Pick none / ngram / draft / a learned head and k to maximise the expected speedup S(α, k).
+           available: tuple[str, ...] | None = None) -> Decision:
+    """Pick a method (or plain decoding) and k to maximise the expected speedup S(α, k); `available`: the
+    methods to weigh (default_candidates()).
 
     >>> cm = CostModel(draft_step=0.4, verify=[1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16])
     >>> d = choose(RequestFeatures(max_tokens=256), {"draft": 0.9, "ngram": 0.1}, cm, PolicyConfig())
     >>> (d.method, d.k)
     ('draft', 4)
     """
+    available = available or default_candidates()
     if features.max_tokens < cfg.min_max_tokens:
-        return Decision("none", 0, 1.0, f"max_tokens {features.max_tokens} < {cfg.min_max_tokens}: too short to pay",
+        return Decision(PLAIN, 0, 1.0, f"max_tokens {features.max_tokens} < {cfg.min_max_tokens}: too short to pay",
                         gated=True)
     if features.load > cfg.max_load:
-        return Decision("none", 0, 1.0, f"load {features.load} > {cfg.max_load}: no idle compute to spend", gated=True)
+        return Decision(PLAIN, 0, 1.0, f"load {features.load} > {cfg.max_load}: no idle compute to spend", gated=True)
     k_max = min(cfg.k_max, features.max_tokens - 1)
     cost = cost.at(features.context)
     cands: dict[str, Decision] = {}
@@ -115,7 +123,9 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
         if alpha is None:
             alpha = prior_alpha(method, features.temperature, cfg)
         k, s = best_k(method, alpha, cost, k_max)
-        if k and method == "draft" and not prefill_pays(cost, features.context, features.max_tokens, s):
+        # a draft model reads the whole prompt before its first draft; heads and lookups read nothing
+        reads_prompt = get_method(method).needs == "draft_model"
+        if k and reads_prompt and not prefill_pays(cost, features.context, features.max_tokens, s):
             skipped.append(f"the draft's {features.context}-token prompt read costs more than {s:.2f}x saves over "
                            f"{features.max_tokens} tokens")
             continue
@@ -123,16 +133,16 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
             src = "observed" if observed else "prior"
             cands[method] = Decision(method, k, s, f"{method} k={k}: {src} α={alpha:.2f} -> expected {s:.2f}x", alpha)
     if not cands:
-        return Decision("none", 0, 1.0, "; ".join(skipped) or "no method is expected to beat plain decoding",
+        return Decision(PLAIN, 0, 1.0, "; ".join(skipped) or "no method is expected to beat plain decoding",
                         gated=len(skipped) == len(available))
     best = max(cands.values(), key=lambda d: d.expected_speedup)
     if best.expected_speedup < cfg.min_speedup:
-        return Decision("none", 0, 1.0, f"best {best.method} k={best.k} expected {best.expected_speedup:.2f}x "
+        return Decision(PLAIN, 0, 1.0, f"best {best.method} k={best.k} expected {best.expected_speedup:.2f}x "
                                         f"< {cfg.min_speedup:.2f}x (α={best.alpha:.2f})", best.alpha)
-    models = [d for m, d in cands.items() if m in MODEL_METHODS]
+    models = [d for m, d in cands.items() if get_method(m).drafts_with_model]
     draft = max(models, key=lambda d: d.expected_speedup) if models else None
-    cached = best.method not in MODEL_METHODS and METHOD_TABLE[best.method].kind == "cache"
-    if draft is not None and draft.expected_speedup >= cfg.min_speedup and "ngram" in available and not cached:
+    alone = get_method(best.method).free and best.method != lookup_method()   # a cache runs alone where it wins
+    if draft is not None and draft.expected_speedup >= cfg.min_speedup and lookup_method() in available and not alone:
         # the best model proposer (draft model or head) runs whenever it pays: prompt lookup still takes the steps
         # where its guess is the better bet (StepController), so the pair does at least as well as lookup alone
         draft.reason += f" (lookup where it beats the {draft.method})"
@@ -162,8 +172,9 @@ class StepController:
     def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig,
                  lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[float, float, float]] | None = None,
                  use_lookup: bool = True, lookup: tuple[int, int] = (4, 1)):
-        self.model = method if method in MODEL_METHODS else "draft"   # the model proposer: draft model or a head
-        self.k = k if method in MODEL_METHODS else 0      # method "ngram": lookup alone, no draft steps
+        models = get_method(method).drafts_with_model
+        self.model = method if models else draft_model_method()   # the model proposer: draft model or a head
+        self.k = k if models else 0                       # prompt lookup chosen: lookup alone, no draft steps
         self.cost, self.cfg = cost, cfg
         self.use_lookup = use_lookup                      # False: guesses are only scored, never verified
         self.prior_alpha = alpha
@@ -178,12 +189,12 @@ class StepController:
         self.lookup_guesses = 0                           # steps that had a guess (undecayed, for the pool)
         self.lookup_steps = 0                             # steps that verified a lookup guess
         self.lookup = lookup                              # the request's prompt_lookup_max, prompt_lookup_min
-        self._last: tuple[str, int, list[int]] = ("draft", 0, [])   # this step's (source, match length, guess)
+        self._last: tuple[str, int, list[int]] = (MODEL, 0, [])   # this step's (source, match length, guess)
 
     @property
     def uses(self) -> tuple[str, ...]:
         """The proposers this request may draft with: its model proposer, and prompt lookup."""
-        return (self.model, LOOKUP) if self.use_lookup else (self.model,)
+        return (self.model, lookup_method()) if self.use_lookup else (self.model,)
 
     @property
     def drafter(self) -> str | None:
@@ -219,7 +230,7 @@ class StepController:
         return effective_alpha(1 + accepted / props, max(1, round(proposed / props)))
 
     def plan(self, n: int, lookup_len: int, budget: StepBudget | None = None) -> tuple[str, int]:
-        """("lookup", tokens of the guess to verify) or ("draft", k); ("draft", 0) is a plain step.
+        """(LOOKUP, tokens of the guess to verify) or (MODEL, k); (MODEL, 0) is a plain step.
 
         `budget` is what the step already carries (other sequences' rows): the draft's k and the guess's length
         are chosen for the step's expected rate, so a full batch leaves less room for drafts. It is updated with
@@ -227,14 +238,14 @@ class StepController:
         """
         budget = budget or StepBudget(self.cost)
         k_d, g_d = budget.best(self.model, self.alpha, self.k) if self.k else (0, 1.0)
-        choice = ("draft", k_d, g_d, self.alpha)
+        choice = (MODEL, k_d, g_d, self.alpha)
         if lookup_len and self.use_lookup:
             a = self.lookup_alpha_for(n, lookup_len)
-            k_l, g_l = budget.best("ngram", a, lookup_len)
+            k_l, g_l = budget.best(lookup_method(), a, lookup_len)
             if k_l and g_l > g_d:
-                choice = ("lookup", k_l, g_l, a)
+                choice = (LOOKUP, k_l, g_l, a)
         source, k, _, alpha = choice
-        budget.add("ngram" if source == "lookup" else self.model, alpha, k)
+        budget.add(lookup_method() if source == LOOKUP else self.model, alpha, k)
         return source, k
 
     def choose_step(self, token_ids: list[int], room: int, constraint, budget: StepBudget | None
@@ -246,7 +257,7 @@ class StepController:
         source, k = self.plan(n, len(guess), budget)
         k = max(0, min(k, room))
         self._last = (source, n, guess)
-        return (LOOKUP, k, guess[:k]) if source == "lookup" else (self.model, k, None)
+        return (lookup_method(), k, guess[:k]) if source == LOOKUP else (self.model, k, None)
 
     def guess(self, token_ids: list[int], room: int, constraint) -> tuple[int, list[int]]:
         """Prompt lookup's guess: (matched n-gram length, up to `room` tokens the grammar allows)."""
@@ -256,8 +267,8 @@ class StepController:
         """After verifying the step choose_step planned (or a plain step): `observe` with how its guess fared
         against the tokens the target committed."""
         source, n, guess = self._last
-        self._last = ("draft", 0, [])
-        if source == "lookup":
+        self._last = (MODEL, 0, [])
+        if source == LOOKUP:
             matched = num_accepted
         else:   # how the guess would have fared: its agreement with what the target committed
             matched = next((j for j, (g, e) in enumerate(zip(guess, emitted)) if g != e), min(len(guess), len(emitted)))
@@ -276,7 +287,7 @@ class StepController:
             self.lookup_proposed += lookup_len
             self.lookup_guesses += 1
             self.lookup_matched += lookup_matched
-        if source == "lookup":
+        if source == LOOKUP:
             self.lookup_steps += 1
             return
         if num_draft == 0:

@@ -16,6 +16,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from ..config import PLAIN, lookup_method
 from .cost_model import CostModel
 from .decide import (
     Decision,
@@ -23,6 +24,7 @@ from .decide import (
     RequestFeatures,
     StepController,
     choose,
+    default_candidates,
     effective_alpha,
     prior_alpha,
     temperature_bucket,
@@ -116,8 +118,9 @@ class Pool:
         """The window's prompt-lookup record per match length (this temperature bucket), the prior for the next
         request's step controller."""
         total: dict[int, list[int]] = {}
+        lookup = lookup_method()
         for o in self.observations():
-            if o.method == "ngram" and o.bucket == bucket:
+            if o.method == lookup and o.bucket == bucket:
                 for n, rec in o.by_n.items():
                     t = total.setdefault(n, [0, 0, 0])
                     for i in range(3):
@@ -141,11 +144,11 @@ class SpeculationPolicy:
     """`decide()` per request, `controller()` for adaptive k, `record()` when it finishes. Thread-safe."""
 
     def __init__(self, cost: CostModel, cfg: PolicyConfig | None = None,
-                 available: tuple[str, ...] = ("ngram", "draft"),
+                 available: tuple[str, ...] | None = None,
                  on_pool_change=None):
         self.cost = cost
         self.cfg = cfg or PolicyConfig()
-        self.available = available
+        self.available = available or default_candidates()
         self.pools: dict[str, Pool] = {}
         self._lock = threading.Lock()
         self._on_pool_change = on_pool_change or (lambda name, enabled: None)
@@ -172,7 +175,7 @@ class SpeculationPolicy:
         d = choose(features, alphas, self.cost, self.cfg, self.available)
         if d.gated:
             return d
-        if pool.enabled and d.method == "none":
+        if pool.enabled and d.method == PLAIN:
             # the observed acceptance rules speculation out before the window is full: judge the pool now
             with self._lock:
                 self._judge(pool, force=True)
@@ -180,7 +183,8 @@ class SpeculationPolicy:
             # the draft gets a few requests per pool before its estimate is trusted (other temperature buckets'
             # observations count: they inform this bucket through borrowed_alpha); lookup needs no exploring, it
             # is scored at every step of every speculative request
-            unexplored = [m for m in self.available if m != "ngram" and pool.count(m) < self.cfg.explore_requests]
+            unexplored = [m for m in self.available
+                          if m != lookup_method() and pool.count(m) < self.cfg.explore_requests]
             if unexplored and d.method not in unexplored:
                 m = unexplored[0]
                 e = choose(features, {m: None}, self.cost, self.cfg, (m,))
@@ -194,12 +198,12 @@ class SpeculationPolicy:
         if unit_hash(request_id, "probe") < self.cfg.probe_fraction:
             # a probe asks whether speculation pays again: judge it from the priors, not the stale window
             d = choose(features, {}, self.cost, self.cfg, self.available)
-            if d.method != "none":
+            if d.method != PLAIN:
                 d.probe = True
                 d.reason = f"probe of disabled pool '{pool_name}': {d.reason}"
                 return d
         acc = pool.acceptance()
-        return Decision("none", 0, 1.0, f"pool '{pool_name}' disabled: windowed acceptance "
+        return Decision(PLAIN, 0, 1.0, f"pool '{pool_name}' disabled: windowed acceptance "
                                         f"{acc if acc is not None else 0:.2f} < {self.cfg.min_acceptance}", acc)
 
     def controller(self, decision: Decision, pool_name: str = "default",
@@ -207,20 +211,21 @@ class SpeculationPolicy:
                    ) -> StepController | None:
         """The step controller of a speculative request: the draft (when chosen) with the decision's k, prompt
         lookup with the pool's record for this temperature as its prior; priced at the request's context."""
-        if decision.method == "none":
+        if decision.method == PLAIN:
             return None
         bucket = temperature_bucket(temperature)
         pool = self.pool(pool_name)
-        lookup_alpha = pool.estimate("ngram", bucket)
+        ngram = lookup_method()
+        lookup_alpha = pool.estimate(ngram, bucket)
         return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost.at(context), self.cfg,
-                              lookup_alpha if lookup_alpha is not None else prior_alpha("ngram", temperature, self.cfg),
-                              pool.lookup_prior(bucket), use_lookup="ngram" in self.available, lookup=lookup)
+                              lookup_alpha if lookup_alpha is not None else prior_alpha(ngram, temperature, self.cfg),
+                              pool.lookup_prior(bucket), use_lookup=ngram in self.available, lookup=lookup)
 
     def record(self, pool_name: str, decision: Decision, temperature: float, stats,
                controller: StepController | None = None) -> None:
         """Feed a finished request into its pool and re-judge the pool: its stats (a RequestStats) and, when it
         ran under a step controller, the draft's and prompt lookup's records kept apart."""
-        if decision.method == "none":
+        if decision.method == PLAIN:
             return
         net = None
         decode_s = stats.e2e_s - stats.ttft_s
@@ -239,8 +244,9 @@ class SpeculationPolicy:
             if c.steps:
                 found.append(Observation(c.model, bucket, max(1, round(c.drafted / c.steps)), c.drafted, c.accepted,
                                          c.steps, c.steps, c.steps + c.accepted, net))
-            if c.lookup_evaluated and "ngram" in self.available:
-                found.append(Observation("ngram", bucket, max(1, round(c.lookup_proposed / max(1, c.lookup_guesses))),
+            ngram = lookup_method()
+            if c.lookup_evaluated and ngram in self.available:
+                found.append(Observation(ngram, bucket, max(1, round(c.lookup_proposed / max(1, c.lookup_guesses))),
                                          c.lookup_proposed, c.lookup_matched, c.lookup_guesses, c.lookup_evaluated,
                                          c.lookup_evaluated + c.lookup_matched, net if not c.steps else None,
                                          {n: tuple(r) for n, r in c.by_n.items()}))

@@ -18,6 +18,17 @@ from ..sampling_params import SamplingParams
 
 
 @dataclass
+class BuildContext:
+    """What a method's `build` gets (config.Method.build): the target and whatever else the caller loaded."""
+    target: torch.nn.Module                # the target Transformer (its embedding, output head, layer count)
+    vocab_size: int                        # the target tokenizer's vocabulary (drafts are over it)
+    max_total_tokens: int                  # the engine's KV budget (a proposer's own caches fit the same)
+    max_batched_tokens: int                # the most prompt tokens one step prefills
+    draft_model: torch.nn.Module | None = None         # the draft model, when one is loaded
+    heads: dict[str, torch.nn.Module] | None = None    # learned heads loaded, by method
+
+
+@dataclass
 class ProposalContext:
     """What a proposer may look at: the sequence so far and how it is sampled."""
     seq_id: int
@@ -125,6 +136,19 @@ class Proposer(ABC):
 
     def accept_hidden(self, seq_id: int, start: int, hidden: dict[int, torch.Tensor]) -> None:
         """The target's hidden states {layer: [n, H]} at committed positions start .. start+n-1 of a sequence."""
+
+    # what /v1/speculative/status shows under the method, and a state file (config.Method.state_file) it keeps
+    def status(self) -> dict:
+        """The method's own section of /v1/speculative/status (default: nothing beyond the table's row)."""
+        return {}
+
+    def save(self, path: str) -> None:
+        """Write the proposer's state to `path` atomically (a method with a state_file)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no state file")
+
+    def load(self, path: str) -> None:
+        """Read what `save` wrote."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no state file")
 
     @property
     def weight_bytes(self) -> int:

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import torch
 
+from ..config import Method
 from ..errors import SpecDecError
 from ..models.kv_cache import SeqKV
+from ..models.kv_manager import KVManager
 from ..models.qwen2 import Transformer
 from ..models.runner import Span, forward_spans
 from ..tokenizer import Tokenizer
-from .base import Draft, ProposalContext, Proposer, VerifyResult, draft_token
+from .base import BuildContext, Draft, ProposalContext, Proposer, VerifyResult, draft_token
 
 DECODE_ROWS = 16     # catch-up spans up to this many tokens run as decode rows (row-by-row attention)
 
@@ -148,3 +150,15 @@ class DraftModelProposer(Proposer):
     @property
     def cache_bytes(self) -> int:
         return self.kv.nbytes
+
+
+def _build(ctx: BuildContext) -> DraftModelProposer | None:
+    if ctx.draft_model is None:
+        return None
+    return DraftModelProposer(ctx.draft_model, ctx.vocab_size, KVManager(ctx.draft_model, ctx.max_total_tokens),
+                              ctx.max_batched_tokens)
+
+
+# k 4: the 0.5B draft's step costs ~a third of the target's, so its gain peaks at k=4 (docs/tuning.md)
+METHOD = Method("draft", 4, "model", prior_alpha=0.8, needs="draft_model", build=_build,
+                summary="a smaller model of the same family drafts k tokens autoregressively")

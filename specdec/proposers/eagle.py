@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import torch
 
+from ..config import Method
 from ..models.attn_metadata import causal_metadata, tree_keys
+from ..models.eagle1 import EagleHead
 from ..models.eagle3 import Eagle3Head
 from ..models.kv_manager import KVManager
-from .base import Draft, ProposalContext, Proposer, empty_draft, head_draft_token
+from .base import BuildContext, Draft, ProposalContext, Proposer, empty_draft, head_draft_token
 from .tree import TreeBuilder
 
 DECODE_ROWS = 16     # feeds up to this many rows take the row-by-row attention
@@ -212,3 +214,27 @@ class Eagle3Proposer(Proposer):
     @property
     def cache_bytes(self) -> int:
         return self.kv.nbytes
+
+
+def _build_eagle3(ctx: BuildContext) -> Eagle3Proposer | None:
+    head = (ctx.heads or {}).get(EAGLE3.name)
+    return None if head is None else Eagle3Proposer(head, ctx.target.embed_tokens, ctx.vocab_size,
+                                                    ctx.max_total_tokens)
+
+
+def _build_eagle(ctx: BuildContext) -> Eagle3Proposer | None:
+    """EAGLE-1: the same drafting, through the target's output head (its head guesses features, not tokens)."""
+    head, target = (ctx.heads or {}).get(EAGLE.name), ctx.target
+    if head is None:
+        return None
+    return Eagle3Proposer(head, target.embed_tokens, ctx.vocab_size, ctx.max_total_tokens,
+                          output_head=lambda h: target.compute_logits(h)[:, :head.cfg.vocab_size])
+
+
+EAGLE3 = Method(Eagle3Head.method, 4, "head", prior_alpha=0.5, tree=True, trainable=True, needs="head",
+                build=_build_eagle3,
+                summary="EAGLE-3: a one-layer head over three of the target's layers' hidden states (chains or "
+                        "token trees)")
+EAGLE = Method(EagleHead.method, 4, "head", prior_alpha=0.5, tree=True, needs="head", build=_build_eagle,
+               summary="EAGLE-1/2 heads (vLLM's and the authors' layouts), drafting through the target's output "
+                       "head")

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from ..config import Method
 from ..models.medusa import MedusaHeads
-from .base import Draft, ProposalContext, Proposer, empty_draft, head_draft_token
+from .base import BuildContext, Draft, ProposalContext, Proposer, empty_draft, head_draft_token
 from .tree import TreeBuilder
 
 
@@ -79,3 +80,12 @@ class MedusaProposer(Proposer):
     @property
     def weight_bytes(self) -> int:
         return self.heads.weight_nbytes()
+
+
+def _build(ctx: BuildContext) -> MedusaProposer | None:
+    heads = (ctx.heads or {}).get(METHOD.name)
+    return None if heads is None else MedusaProposer(heads, ctx.target.config.num_layers, ctx.vocab_size)
+
+
+METHOD = Method(MedusaHeads.method, 3, "head", prior_alpha=0.4, tree=True, trainable=True, needs="head", build=_build,
+                summary="Medusa: K heads over the target's last hidden state guess the next K tokens at once")

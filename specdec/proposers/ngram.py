@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..config import Method
 from .base import Draft, ProposalContext, Proposer
 
 
@@ -53,3 +54,9 @@ class NgramProposer(Proposer):
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
         return [Draft(torch.tensor(lookup_guess(c.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min,
                                                 c.constraint)[1], dtype=torch.long)) for c, k in zip(ctxs, ks)]
+
+
+# k 8: nearly free to propose, it keeps gaining up to k=8 on edit-style prompts (docs/tuning.md)
+METHOD = Method("ngram", 8, "lookup", prior_alpha=0.3, build=lambda ctx: NgramProposer(),
+                summary="prompt lookup: what followed the latest earlier occurrence of the tail n-gram "
+                        "(prompt_lookup_max/min)")

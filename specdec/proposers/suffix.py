@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..config import Method
 from ..utils import atomic_path
 from .base import Draft, ProposalContext, Proposer, tree_allowed
 
@@ -230,3 +231,8 @@ class SuffixProposer(Proposer):
                         corpus.add([int(t) for t in r])
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SpecDecError(f"--suffix-cache {path}: cannot read it ({type(exc).__name__}: {exc})") from None
+
+
+METHOD = Method("suffix", 8, "cache", prior_alpha=0.3, build=lambda ctx: SuffixProposer(), state_file="suffix_cache",
+                summary="suffix decoding: the longest suffix match over the pool's past outputs and the request "
+                        "itself (a token tree for greedy requests; --suffix-cache keeps the pools)")

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..config import HEAD_METHODS, SpeculativeConfig
+from ..config import PLAIN, SpeculativeConfig, get_method
 from ..errors import SpecDecError
 from ..policy.pools import rollout_arm
 from ..sampling.grammar import check_grammar
@@ -119,8 +119,8 @@ def create_app(state: ServerState) -> FastAPI:
     async def speculative_status():
         spec = state.engine.default_spec
         return {"default": {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens},
-                "traffic_fraction": state.traffic_fraction, "policy": state.engine.policy_status(),
-                "prefix_cache": state.engine.prefix_cache_status(), "suffix": state.engine.suffix_status()}
+                "methods": state.engine.methods(), "traffic_fraction": state.traffic_fraction,
+                "policy": state.engine.policy_status(), "prefix_cache": state.engine.prefix_cache_status()}
 
     @app.get("/v1/models")
     async def models():
@@ -261,16 +261,16 @@ def _spec_for(state: ServerState, req) -> SpeculativeConfig:
                      and o.num_steps is None):
         return base
     method = o.method or base.method
-    if method == "auto" and o.num_speculative_tokens is not None:
-        raise APIError(400, "with method 'auto' the policy chooses k; leave num_speculative_tokens out",
+    declared = get_method(method)                 # the schema let only declared methods through
+    if declared.kind == "policy" and o.num_speculative_tokens is not None:
+        raise APIError(400, f"with method '{method}' the policy chooses k; leave num_speculative_tokens out",
                        param="speculative.num_speculative_tokens")
-    if method == "draft" and not state.engine.has_draft:
-        raise APIError(400, "speculative method 'draft' needs a draft model; this server was started without one",
-                       param="speculative.method")
-    if method in HEAD_METHODS and method not in state.engine.head_methods:
-        raise APIError(400, f"speculative method '{method}' needs its head loaded at start-up (--speculative-config "
-                            f"method); this server has: {', '.join(state.engine.head_methods) or 'none'}",
-                       param="speculative.method")
+    runs = [m["method"] for m in state.engine.methods()]
+    if method not in runs:
+        start = {"draft_model": " (--draft, or a draft-model --speculative-config)",
+                 "head": " (--speculative-config method or --spec-heads)"}.get(declared.needs, "")
+        raise APIError(400, f"speculative method '{method}' needs {declared.needs_text}{start}; this server runs: "
+                            f"{', '.join(runs)}", param="speculative.method")
     same = method == base.method
     k = o.num_speculative_tokens if o.num_speculative_tokens is not None else (
         base.num_speculative_tokens if same else None)
@@ -343,7 +343,7 @@ async def _admit_and_submit(state: ServerState, req, encode, raw: Request, route
         arm = "spec"
         client_id = raw.headers.get("x-request-id") or request_id
         if state.traffic_fraction < 1.0 and rollout_arm(client_id, state.traffic_fraction) == "plain":
-            spec, arm = replace(spec, method="none", num_speculative_tokens=None), "plain"
+            spec, arm = replace(spec, method=PLAIN, num_speculative_tokens=None), "plain"
         if state.closed:                           # drained while this request was tokenizing
             raise _shutting_down()
         try:

@@ -18,7 +18,7 @@ import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
-from ..config import SpeculativeConfig
+from ..config import AUTO, SpeculativeConfig
 from ..engine import StepOutput
 from ..sampling.grammar import warm as warm_grammar
 from ..sampling_params import SamplingParams
@@ -27,7 +27,7 @@ from .metrics import ServerMetrics
 
 log = logging.getLogger("specdec.server")
 SETTLE_AFTER_IDLE_S = 0.3   # the engine settles the prefix cache only after this long without requests
-SUFFIX_SAVE_EVERY = 16      # finished requests between writes of --suffix-cache
+STATE_SAVE_EVERY = 16       # finished requests between writes of the methods' state files (--suffix-cache)
 
 
 def warm_tokenizer(tokenizer) -> None:
@@ -119,22 +119,12 @@ class AsyncEngine:
     def model_name(self) -> str:
         return self.llm.target.name
 
-    @property
-    def has_draft(self) -> bool:
-        return self.llm.draft is not None
-
-    @property
-    def head_methods(self) -> tuple[str, ...]:
-        """The learned heads loaded at start-up (a request may name only these)."""
-        return tuple(self.llm.heads)
+    def methods(self) -> list[dict]:
+        """The methods this engine runs (a request may name only these), each with its status section."""
+        return self.llm.methods()
 
     def policy_status(self) -> dict | None:
         return self.llm.policy_status()
-
-    def suffix_status(self) -> dict | None:
-        """Suffix decoding's pools: how many, their tokens and bytes (bounded per pool)."""
-        suffix = self.engine.proposers.get("suffix")
-        return suffix.status() if suffix is not None else None
 
     def prefix_cache_status(self) -> dict:
         """The prefix cache's queries, hits, hit rate and size, as of the engine thread's last step."""
@@ -149,7 +139,7 @@ class AsyncEngine:
     async def startup(self) -> None:
         """Before serving: measure (or read) the cost model for method auto and export every pool's state, warm
         the tokenizer, start the worker thread."""
-        if self.default_spec.method == "auto":
+        if self.default_spec.method == AUTO:
             await self.compute.run(self.llm.policy)
             self.llm.policy().set_listener(self.metrics.set_pool_enabled)
         await asyncio.to_thread(warm_tokenizer, self.llm.tokenizer)
@@ -214,9 +204,9 @@ class AsyncEngine:
         if self._worker is not None:
             wait([self._worker], timeout=10)
         try:
-            self.compute.call(self.llm.save_suffix_cache)
+            self.compute.call(self.llm.save_state)
         except Exception:  # noqa: BLE001 - a failed save loses what the pools learned since the last one, no more
-            log.exception("could not save the suffix cache")
+            log.exception("could not save a method's state file")
         self.compute.stop()
 
     # -- worker thread ---------------------------------------------------------------------------------
@@ -322,9 +312,9 @@ class AsyncEngine:
             self._handles.pop(handle.request_id, None)
             self.metrics.observe_finished(delta.stats, handle.arrival, handle.arm)
             self._finished_since_save += 1
-            if self._finished_since_save >= SUFFIX_SAVE_EVERY:
+            if self._finished_since_save >= STATE_SAVE_EVERY:
                 self._finished_since_save = 0
                 try:
-                    self.llm.save_suffix_cache()
+                    self.llm.save_state()
                 except Exception:  # noqa: BLE001 - the server goes on; the next save tries again
-                    log.exception("could not save the suffix cache")
+                    log.exception("could not save a method's state file")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from ..config import AUTO
 from ..engine_args import EngineArgs
 from ..errors import SpecDecError
 
@@ -44,7 +45,9 @@ WEIGHTS = {"int4": "int4 (the GGUF's quantized blocks on specdec's CPU kernels; 
            "int8": "int8 (weight-only, per channel)", "none": "the runtime dtype (--quantization none)"}
 
 
-def check_server_args(args) -> None:
+def check_server_args(args) -> EngineArgs:
+    """The server's own flags checked, and the engine's: the EngineArgs built from them (once: `build_engine`
+    takes it from `args.engine_args`)."""
     if args.max_queued < 0:
         raise SpecDecError("--max-queued must be >= 0")
     if not 0 <= args.spec_traffic_fraction <= 1:
@@ -58,7 +61,7 @@ def check_server_args(args) -> None:
     if args.suffix_cache and (args.replicas is not None or args.ray_address or args.autoscaling_config):
         raise SpecDecError("--suffix-cache is for one server process: with --replicas each replica keeps its "
                            "pools in memory")
-    EngineArgs.from_cli_args(args)             # the engine's own flags: checked where EngineArgs is built
+    return EngineArgs.from_cli_args(args)      # the engine's own flags: checked where EngineArgs is built
 
 
 def build_engine(args):
@@ -76,9 +79,9 @@ def _build_engine(args, compute):
     from .async_engine import AsyncEngine
     from .metrics import ServerMetrics
 
-    engine_args = EngineArgs.from_cli_args(args)
+    engine_args = getattr(args, "engine_args", None) or check_server_args(args)
     llm = LLM(engine_args)
-    if engine_args.speculative.method == "auto":
+    if llm.speculative.method == AUTO:
         llm.policy()             # measures (or reads) the cost model now, not on the first request
     if llm.heads:
         llm.row_cost(1)          # token trees are sized by the measured cost model: measure it now, not mid-request

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from ..config import K_MAX, K_MIN
+from ..config import K_MAX, K_MIN, METHOD_TABLE, get_method, method_names
 from ..sampling.grammar import StructuredOutputs
 from ..sampling.logprobs import MAX_TOP_LOGPROBS
 from ..sampling_params import SamplingParams
@@ -59,10 +59,24 @@ def _unsupported(name: str, what: str | None = None) -> APIError:
                     code="unsupported_parameter")
 
 
+def _method_enum(schema: dict) -> None:
+    """The schema's choices are the method table's when the schema is built (after plugins have loaded)."""
+    schema["enum"] = [*method_names(), None]
+
+
 class SpeculativeOverride(BaseModel):
-    """Per-request extension: `"speculative": {"method": "none"}` or `{"num_speculative_tokens": 2}`."""
+    """Per-request extension: `"speculative": {"method": "none"}` or `{"num_speculative_tokens": 2}`; any declared
+    method (config.METHOD_TABLE, plugins included) may be named, and the server answers 400 for one it does not
+    run (/v1/speculative/status lists those it does)."""
     model_config = ConfigDict(extra="forbid")
-    method: Literal["none", "ngram", "draft", "eagle3", "eagle", "medusa", "auto"] | None = None
+    method: str | None = Field(default=None, json_schema_extra=_method_enum)
+
+    @field_validator("method")
+    @classmethod
+    def _declared(cls, value: str | None) -> str | None:
+        if value is not None and value not in METHOD_TABLE:
+            raise ValueError(f"unknown speculative method '{value}' (choose from: {', '.join(method_names())})")
+        return value
     num_speculative_tokens: int | None = Field(default=None, ge=K_MIN, le=K_MAX)
     eagle_topk: int | None = Field(default=None, ge=1, le=16)       # a head's token tree (greedy requests)
     num_steps: int | None = Field(default=None, ge=1, le=K_MAX)
@@ -431,7 +445,7 @@ def seed_scope(params: SamplingParams, method: str) -> str | None:
     the same completion) or "policy" (method auto chose, and its choices depend on load and history)."""
     if params.seed is None or params.greedy:
         return None
-    return "policy" if method == "auto" else "speculative_config"
+    return "policy" if get_method(method).kind == "policy" else "speculative_config"
 
 
 def speculative_stats(stats: Any, seed_scope: str | None = None) -> dict:

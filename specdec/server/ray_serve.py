@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..engine_args import parse_speculative_config
 from ..errors import SpecDecError
@@ -82,8 +82,8 @@ class EngineReplica:
     def describe(self) -> dict:
         """What the ingress needs before it can serve: the tokenizer, the context window, the defaults."""
         e = self.engine
-        return {"tokenizer": e.tokenizer, "max_model_len": e.max_model_len, "has_draft": e.has_draft,
-                "head_methods": e.head_methods, "default_spec": e.default_spec, "model_name": self.name}
+        return {"tokenizer": e.tokenizer, "max_model_len": e.max_model_len, "methods": e.methods(),
+                "default_spec": e.default_spec, "model_name": self.name}
 
     async def generate(self, request_id: str, prompt_ids: list[int], params, spec, pool: str = "default",
                        arm: str = "spec", affinity: str | None = None):
@@ -111,7 +111,7 @@ class EngineReplica:
     def record_routing_stats(self) -> dict:
         e = self.engine
         return {"metrics": e.render_metrics().decode(), "policy": e.policy_status(),
-                "prefix_cache": e.prefix_cache_status(), "suffix": e.suffix_status(), "running": e.num_running,
+                "prefix_cache": e.prefix_cache_status(), "methods": e.methods(), "running": e.num_running,
                 "waiting": e.num_waiting, "alive": e.alive, "last_error": e.last_error, "pid": os.getpid(),
                 "at": time.time()}
 
@@ -184,8 +184,7 @@ class RayEngineClient:
         self.engine_name = engine_name
         self.tokenizer = None
         self.max_model_len = 0
-        self.has_draft = False
-        self.head_methods: tuple[str, ...] = ()
+        self._methods: list[dict] = []                # each replica runs the same methods (one EngineArgs)
         self.model_name: str | None = None
         self._inflight: set[RemoteHandle] = set()
         self._reserved = 0
@@ -204,8 +203,7 @@ class RayEngineClient:
         info = await self._control.describe.remote()
         self.tokenizer = info["tokenizer"]
         self.max_model_len = info["max_model_len"]
-        self.has_draft = info["has_draft"]
-        self.head_methods = tuple(info["head_methods"])
+        self._methods = info["methods"]
         self.model_name = info["model_name"]
         await asyncio.to_thread(warm_tokenizer, self.tokenizer)
 
@@ -292,9 +290,16 @@ class RayEngineClient:
         texts["ingress"] = generate_latest(self._registry)
         return merge_labelled(texts)
 
-    def suffix_status(self) -> dict:
-        """Every replica's suffix decoding pools (each replica keeps the pools routed to it)."""
-        return {"replicas": {rid: r.get("suffix") for rid, r in sorted(self._reports().items())}}
+    def methods(self) -> list[dict]:
+        """The methods every replica runs, each method's status section per replica (each replica keeps the
+        state of the pools routed to it: suffix decoding's, for one)."""
+        reports = sorted(self._reports().items())
+        out = []
+        for row in self._methods:
+            sections = {rid: next((m["status"] for m in r.get("methods") or [] if m["method"] == row["method"]), {})
+                        for rid, r in reports}
+            out.append({**row, "status": {"replicas": sections}})
+        return out
 
     def prefix_cache_status(self) -> dict:
         """Every replica's prefix cache, and their queries and hits summed."""
@@ -372,6 +377,7 @@ def build_app(args):
 
     threads = threads_per_replica(args)
     args.threads = threads
+    args.engine_args = replace(args.engine_args, num_threads=threads)     # each replica's share of the cores
     auto = autoscaling_config(args.autoscaling_config, args.replicas)
     engine = serve.deployment(
         EngineReplica, name=ENGINE_NAME,

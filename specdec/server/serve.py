@@ -10,11 +10,12 @@ from .launch import build_engine, check_server_args, examples, server_state
 
 
 def run_server(args) -> int:
-    check_server_args(args)
-    if args.quantization is None:              # after the checks: this may assemble the built-in model
+    engine_args = check_server_args(args)
+    if engine_args.quantization is None:       # after the checks: this may assemble the built-in model
         from ..models.loader import default_quantization
 
-        args.quantization = default_quantization(args.target, args.device)
+        engine_args.quantization = args.quantization = default_quantization(args.target, args.device)
+    args.engine_args = engine_args             # built once; the engine (or each Ray replica) gets this one
     if args.replicas is not None or args.ray_address or args.autoscaling_config:
         from .ray_serve import run_ray_server
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecDecError
+from ..proposers.eagle import EAGLE, EAGLE3
+from ..proposers.medusa import METHOD as MEDUSA
 
 
 @dataclass
@@ -46,7 +48,7 @@ class Acceptance:
 
 def head_layers(method: str, head, num_layers: int) -> tuple[int, ...]:
     """The target layers a head reads (models/runner's numbering: num_layers = the final normed state)."""
-    return tuple(head.cfg.aux_layers) if method in ("eagle3", "eagle") else (num_layers,)
+    return tuple(head.cfg.aux_layers) if method in (EAGLE3.name, EAGLE.name) else (num_layers,)
 
 
 @torch.inference_mode()
@@ -70,7 +72,7 @@ def step_logits(method: str, head, embed: torch.nn.Embedding, answer: Answer, k:
     `guesses`), and its map from the V' draft ids to target ids."""
     x = answer.tokens
     states = torch.cat([answer.states[i] for i in head_layers(method, head, num_layers)], -1)[None].float()
-    if method == "medusa":                                                                  # states [1, T, H]
+    if method == MEDUSA.name:                                                                  # states [1, T, H]
         return [lg[0] for lg in head(states, k)], head.token_map
     emb = embed(torch.cat([x[1:], x[-1:]])[None]).float()                                   # x_{t+1} per row t
     logits = head.train_forward(emb, head.fuse(states), k)                                  # states [1, T, 3H]
@@ -110,7 +112,7 @@ def acceptance(method: str, head, embed: torch.nn.Embedding, done: list[Answer],
     """A head's teacher-forced acceptance over the answers, for greedy chains of k."""
     drafted, hits, agree, seen, inside, steps = [0] * k, [0] * k, [0] * k, [0] * k, 0, []
     can = torch.zeros(head.cfg.vocab_size, dtype=torch.bool)                 # [vocab] what the head can propose
-    can[head.token_map if method == "medusa" else head.draft_to_target] = True
+    can[head.token_map if method == MEDUSA.name else head.draft_to_target] = True
     for ans in done:
         g = guesses(method, head, embed, ans, k, num_layers)
         x, P, T = ans.tokens, ans.prompt_len, len(ans.tokens)
@@ -190,7 +192,7 @@ def prompts_from_sources(sources: str, tokenizer) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     from ..bench.datasets import load_prompts
-    from ..config import SpeculativeConfig
+    from ..config import PLAIN, SpeculativeConfig
     from ..llm import LLM
     from ..models.heads import load_head, shipped_head
     from ..sampling_params import SamplingParams
@@ -213,8 +215,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--topk", type=int, default=4, help="--calibrate: guesses per node")
     args = ap.parse_args(argv)
     prog = "python -m specdec.train.evaluate"
-    heads = [(h.partition("=")[0], h.partition("=")[2] or None) for h in args.head or ["eagle3", "medusa"]]
-    bad = [m for m, _ in heads if m not in ("eagle3", "medusa")]
+    heads = [(h.partition("=")[0], h.partition("=")[2] or None) for h in args.head or [EAGLE3.name, MEDUSA.name]]
+    bad = [m for m, _ in heads if m not in (EAGLE3.name, MEDUSA.name)]
     if bad or args.k < 1 or args.max_tokens < 2 or not 1 <= args.topk <= 16:
         raise SystemExit(f"{prog}: heads must be eagle3 or medusa (got {bad}), --k >= 1, --max-tokens >= 2, "
                          "--topk in 1..16")
@@ -235,14 +237,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{prog}: {e}") from None
     layers = tuple(sorted({i for m, _, h in loaded for i in head_layers(m, h, model.config.num_layers)}))
     outs = llm.generate([p["messages"] for p in prompts], SamplingParams(max_tokens=args.max_tokens, temperature=0.0),
-                        spec=SpeculativeConfig(method="none"))
+                        spec=SpeculativeConfig(method=PLAIN))
     done = teacher_forced(model, [(o.prompt_token_ids, o.token_ids, o.finish_reason == "length") for o in outs],
                           layers)
     print(f"{len(done)} prompts, {sum(len(a.tokens) - a.prompt_len for a in done)} answer tokens; "
           f"target {llm.target.name} ({args.quantization}); chains of k = {args.k}, teacher-forced replay")
     print("| head | dir | mean accepted length | acceptance per position | guess agreement per step | in vocab |")
     print("|---|---|---|---|---|---|")
-    steps = [min(args.k, h.cfg.num_heads) if m == "medusa" else args.k for m, _, h in loaded]   # per head
+    steps = [min(args.k, h.cfg.num_heads) if m == MEDUSA.name else args.k for m, _, h in loaded]   # per head
     for (m, d, h), k in zip(loaded, steps):
         r = acceptance(m, h, model.embed_tokens, done, k, model.config.num_layers)
         print(f"| {m} | {d or 'shipped'} | {r.mean_accepted_length:.3f} | "

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SpecDecError
+from ..proposers.eagle import EAGLE3
+from ..proposers.medusa import METHOD as MEDUSA
 from ..utils import save_torch_atomic
 
 
@@ -69,7 +71,7 @@ class TrainConfig:
 
     def __post_init__(self):
         ms = self.methods
-        if not ms or any(m not in ("eagle3", "medusa") for m in ms) or len(set(ms)) != len(ms):
+        if not ms or any(m not in (EAGLE3.name, MEDUSA.name) for m in ms) or len(set(ms)) != len(ms):
             raise SpecDecError(f"train-head --method must be eagle3, medusa or eagle3,medusa, got '{self.method}'")
         if self.regenerate < 0:
             raise SpecDecError("train-head: regenerate must be >= 0")
@@ -238,7 +240,7 @@ class HeadTrainer:
         c, mc = self.cfg, self.model.config
         w_head = target_head_weight(self.model)[vocab_ids.to(self.device)]               # [vd, H] fp32
         name = self.target.name
-        if method == "medusa":
+        if method == MEDUSA.name:
             head = MedusaHeads(MedusaConfig(mc.hidden_size, mc.vocab_size, c.num_heads, 1, len(vocab_ids), name))
             head.token_map.copy_(vocab_ids)
             with torch.no_grad():
@@ -287,7 +289,7 @@ class HeadTrainer:
         from ..models.eagle3 import default_aux_layers
 
         n = self.model.config.num_layers
-        return (n,) if method == "medusa" else default_aux_layers(n)
+        return (n,) if method == MEDUSA.name else default_aux_layers(n)
 
     def layers(self) -> tuple[int, ...]:
         """Every layer some method reads, in the order the feature columns hold them."""
@@ -313,8 +315,8 @@ class HeadTrainer:
         probs = torch.stack([pad(p[3]) for p in parts]).to(self.device)
         target, weight = soft_targets(ids, probs, t2d, vd)                                         # [B, T, vd]
         weight = weight * valid.to(weight)
-        steps = c.ttt_steps if method == "eagle3" else c.num_heads
-        if method == "eagle3":
+        steps = c.ttt_steps if method == EAGLE3.name else c.num_heads
+        if method == EAGLE3.name:
             with torch.no_grad():
                 emb = self.model.embed_tokens(torch.cat([x[:, 1:], x[:, -1:]], 1)).float()         # x_{t+1}
             outs = head.train_forward(emb, head.fc(states), steps)

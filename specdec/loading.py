@@ -1,0 +1,80 @@
+"""What an engine runs on, loaded from EngineArgs: the target, the draft model when a method asked for needs one,
+and the learned heads asked for. `LLM` (the API) gets a `LoadedModels` from here and builds the engine over it;
+nothing here knows about requests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import get_method
+from .engine_args import EngineArgs
+from .models.heads import LoadedHead
+from .models.loader import LoadedModel, load_model
+from .models.registry import DEFAULT_DRAFT
+from .proposers import check_compatible
+
+
+@dataclass
+class LoadedModels:
+    target: LoadedModel
+    draft: LoadedModel | None = None
+    draft_quantization: str | None = None          # the draft's weights as loaded: none | int8 | int4
+    heads: dict[str, LoadedHead] = field(default_factory=dict)   # {method: head}
+
+
+def default_draft_quantization(requested: str | None, target: LoadedModel) -> str:
+    """The draft's weights: as requested, else int4 for a bf16 target on CPU when specdec._C is built, else the
+    runtime dtype. A draft's tokens are verified by the target, so its precision can cost acceptance, never
+    correctness, while its step cost is what speculation pays for every proposed token (the 0.5B reads 559 MB a
+    step in 4-bit against ~1 GB in bf16; llama.cpp users pair a big target with a Q4 draft for the same reason)."""
+    if requested is not None:
+        return requested
+    from .models.quantization.kernels import available
+
+    target_weight = target.model.embed_tokens.weight
+    if target_weight.device.type == "cpu" and target_weight.dtype == torch.bfloat16 and available():
+        return "int4"
+    return "none"
+
+
+def load_head_for(method: str, path: str | None, target: LoadedModel, quantization: str | None = None) -> LoadedHead:
+    """A learned head for the target: from `path`, else the one shipped for the default target; its linears on
+    the engine's CPU kernels (quantization: none | int8 | int4; None: models.heads.default_head_quantization)."""
+    from .models.heads import load_head, pack_head, shipped_head
+
+    head = load_head(path or shipped_head(method, target.name), target.model, target.model.embed_tokens.weight.dtype,
+                     target.model.embed_tokens.weight.device, method)
+    head.quantization = pack_head(head.module, quantization)
+    return head
+
+
+def wants_draft_model(args: EngineArgs) -> bool:
+    """A draft model is loaded for a method that needs one, and for the policy (it weighs the draft), unless
+    `draft` is "none"."""
+    method = get_method(args.speculative.method)
+    return (method.needs == "draft_model" or method.kind == "policy") and args.draft != "none"
+
+
+def load_models(args: EngineArgs) -> LoadedModels:
+    """The target, the draft model (wants_draft_model) and the heads: the speculative method's when it needs one,
+    and any others asked for in `args.heads` ({method: directory or None = shipped}), so that requests may pick
+    them per request."""
+    spec = args.speculative
+    target = load_model(args.target, dtype=args.dtype, device=args.device, progress=args.progress,
+                        quantization=args.quantization)
+    out = LoadedModels(target)
+    if wants_draft_model(args):
+        # a draft's int4 is 4-bit throughout (its Q6_K/Q8_0 blocks re-quantized): its tokens are verified, so only
+        # its step cost matters (measured on the 0.5B: 796 -> 559 MB, 23.7 -> 16.0 ms a step)
+        out.draft_quantization = default_draft_quantization(spec.quantization, target)
+        out.draft = load_model(args.draft or spec.model or DEFAULT_DRAFT, dtype=args.dtype, device=args.device,
+                               progress=args.progress, quantization=out.draft_quantization, int4_exact=False)
+        check_compatible(target.tokenizer, out.draft.tokenizer, target.config.vocab_size,
+                         out.draft.config.vocab_size)
+    wanted = dict(args.heads)
+    if get_method(spec.method).needs == "head":
+        wanted[spec.method] = spec.model
+    out.heads = {m: load_head_for(m, path, target, args.head_quantization) for m, path in wanted.items()}
+    return out
