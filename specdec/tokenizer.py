@@ -134,6 +134,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def vocab(self) -> dict[str, int]:
+        """Every token's text -> id, added tokens included (two tokenizers agree exactly when these are equal)."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
     def encode(self, text: str) -> list[int]:
         """Text -> ids; special tokens written in the text are recognised; BOS added if the model wants it
         and the text does not start with it (chat templates usually write it themselves)."""

@@ -43,21 +43,24 @@ FAKE = {
     "fakepkg/mid/__init__.py": "",
     "fakepkg/mid/a.py": "from .b import y\n",
     "fakepkg/mid/b.py": "import fakepkg.mid.a\n\ny = 1\n",
-    "fakepkg/high.py": "from . import typed\n\nx = 1\n",
+    "fakepkg/high.py": "from . import typed\n\nx = 1\n\n\nclass C:\n    def f(self, other):\n"
+                       "        return self._own, other._own, typed._hidden.value\n\n    _own = 1\n",
     "fakepkg/stray.py": "",
 }
 LAYERS = [("fakepkg.low", "fakepkg.typed"), ("fakepkg.mid",), ("fakepkg.high",), ("fakepkg",)]
 
 
-def test_checker_reports_cycle_upward_lazy_import_and_unplaced_module(tmp_path):
+def test_checker_reports_cycle_upward_lazy_import_unplaced_module_and_private_read(tmp_path):
     checker = _checker()
     problems = checker.check(_write(tmp_path, FAKE), LAYERS, {})
     text = "\n".join(problems)
-    assert len(problems) == 3, text
+    assert len(problems) == 4, text
+    assert any(p.startswith("fakepkg/high.py:8: private attribute of another module's object: typed._hidden")
+               for p in problems), text            # self._own and other._own (defined here) pass
     assert any(p.startswith("import cycle: fakepkg.mid.a -> fakepkg.mid.b -> fakepkg.mid.a") for p in problems), text
     assert any(p.startswith("fakepkg/low.py:5: upward import (in a function): fakepkg.low") for p in problems), text
     assert any("fakepkg.stray is in no layer" in p for p in problems), text
-    assert "typed" not in text           # TYPE_CHECKING-guarded imports and downward imports pass
+    assert "imports fakepkg.typed" not in text and "typed.py" not in text   # TYPE_CHECKING-guarded and downward pass
 
 
 def test_allowed_exception_silences_one_import_and_goes_stale(tmp_path):

@@ -530,3 +530,39 @@ def test_every_method_the_status_lists_answers_per_request_as_plain_decoding(tin
             r = _post(url, {"messages": MSG, "speculative": {"method": method}})
             assert r.status_code == 400 and r.json()["error"]["param"].startswith("speculative"), r.text
             assert says in r.json()["error"]["message"]
+
+
+def _members(protocol) -> set[str]:
+    return {n for n in (*vars(protocol), *protocol.__annotations__) if not n.startswith("_")}
+
+
+def test_the_app_talks_to_one_engine_client_interface_both_servers_implement(server):
+    """The HTTP layer's `engine` is an EngineClient: the single-process AsyncEngine and the Ray Serve client in
+    front of replicas both have every member (read statically: the Ray client's properties ask Ray)."""
+    import inspect
+
+    from specdec.server.async_engine import RequestHandle
+    from specdec.server.engine_client import EngineClient, RequestStream
+    from specdec.server.ray_serve import Accepted, RayEngineClient, RemoteHandle
+
+    _, state = server
+    assert isinstance(state.engine, EngineClient)
+
+    class FakeServeHandle:
+        def options(self, **kwargs):
+            return self
+
+    ray_client = RayEngineClient(FakeServeHandle(), state.engine.default_spec, 4)
+    remote = RemoteHandle(None, Accepted("r1", 1), ray_client)
+    local = RequestHandle("r", [1], None, state.engine.default_spec, asyncio.new_event_loop())
+    for protocol, objects in ((EngineClient, (state.engine, ray_client)), (RequestStream, (local, remote))):
+        members = _members(protocol)
+        assert len(members) >= (15 if protocol is EngineClient else 3)
+        for obj in objects:
+            missing = []
+            for name in members:
+                try:
+                    inspect.getattr_static(obj, name)
+                except AttributeError:
+                    missing.append(name)
+            assert not missing, (type(obj).__name__, missing)

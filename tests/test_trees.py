@@ -206,7 +206,7 @@ def test_trees_batched_with_sampled_and_chain_requests(target):
 
 
 def test_tree_config_is_checked():
-    with pytest.raises(ValueError, match="learned head"):
+    with pytest.raises(ValueError, match="needs a method that drafts trees: eagle3 or eagle or medusa"):
         SpeculativeConfig("draft", 4, eagle_topk=2)
     with pytest.raises(ValueError, match="num_steps"):
         SpeculativeConfig("eagle3", 4, eagle_topk=2, num_steps=5)

@@ -1,4 +1,5 @@
-"""Check specdec's import layers: imports point down the layer order below, and no modules import each other.
+"""Check specdec's import layers: imports point down the layer order below, no modules import each other, and
+no module reads another module's private attributes (`obj._name` defined elsewhere).
 
     python tools/check_imports.py [PACKAGE_DIR]      (default: the specdec/ beside this tools/ folder)
 
@@ -202,9 +203,41 @@ def find_cycles(imports: list[Import]) -> list[list[Import]]:
     return cycles
 
 
+# private names of other libraries that we call on purpose (their documented ops are private-named)
+FOREIGN_PRIVATE_ROOTS = ("torch",)
+
+
+def private_reads(path: Path) -> list[tuple[int, str]]:
+    """(line, expression) for each `obj._name` in a module where obj is not self/cls and `_name` is not defined in
+    that module: a private attribute of another module's object."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            own.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        root = node.value
+        while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
+            root = root.func if isinstance(root, ast.Call) else root.value
+        if isinstance(root, ast.Name) and (root.id in ("self", "cls") and root is node.value
+                                           or root.id in FOREIGN_PRIVATE_ROOTS):
+            continue
+        if node.attr not in own:
+            out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
 def check(package_dir: Path, layers: list[tuple[str, ...]] = LAYERS,
           allowed: dict[tuple[str, str], str] = ALLOWED) -> list[str]:
-    """Every violation, one line each: cycles, modules outside the table, upward imports."""
+    """Every violation, one line each: cycles, modules outside the table, upward imports, private attributes of
+    another module's objects read."""
     package_dir = Path(package_dir)
     modules, imports = import_graph(package_dir)
 
@@ -228,6 +261,10 @@ def check(package_dir: Path, layers: list[tuple[str, ...]] = LAYERS,
             continue
         problems.append(f"{rel(imp)}: upward import{' (in a function)' if imp.lazy else ''}: {imp.importer} "
                         f"(layer {low}: {layers[low][0]}) imports {imp.imported} (layer {high}: {layers[high][0]})")
+    for path in modules.values():
+        for line, expr in private_reads(path):
+            problems.append(f"{path.relative_to(package_dir.parent)}:{line}: private attribute of another module's "
+                            f"object: {expr}")
     return problems
 
 
@@ -239,7 +276,8 @@ def main(argv: list[str]) -> int:
     if problems:
         return 1
     modules, imports = import_graph(package_dir)
-    print(f"{package_dir.name}: {len(modules)} modules, {len(imports)} imports, no cycles, none upward")
+    print(f"{package_dir.name}: {len(modules)} modules, {len(imports)} imports, no cycles, none upward, no private "
+          "attribute read across modules")
     return 0
 
 

@@ -7,7 +7,8 @@ One step, one object per stage:
    own method and k, or by what method auto's step controller picks; a proposer drafts for all its sequences at once;
 3. execute (`ModelRunner`, model_runner.py): one target forward over every row of every sequence;
 4. verify (`verify_step`, sampling/verifier.py): greedy and sampled sequences, chains and trees, grammar masks;
-5. commit (here): cache truncation, stop conditions, stats, the proposers and the policy told what happened.
+5. commit (`Committer`, commit.py): cache truncation, stop conditions, stats, the proposers told what happened; a
+   finished request's caches become a prefix entry here, and the policy hears its outcome.
 A sequence's greedy output does not depend on what else is in the step: every row is computed the same way whatever
 the batch (see models/packed_linear.py and models/attn_metadata.py).
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -24,28 +24,19 @@ from ..config import AUTO, SpeculativeConfig, get_method, lookup_method
 from ..errors import SpecDecError
 from ..models.kv_manager import KVManager
 from ..models.prefix_cache import PrefixCache
-from ..models.runner import Span, forward_spans
 from ..policy.cost_model import StepBudget
 from ..policy.decide import RequestFeatures
-from ..proposers.base import Draft, ProposalContext, Proposer, VerifyResult, empty_draft, tree_allowed
+from ..proposers.base import Draft, ProposalContext, Proposer, empty_draft, tree_allowed
 from ..proposers.registry import build_proposers
-from ..sampling.logprobs import token_logprobs
 from ..sampling.verifier import Verification, verify_step
 from ..sampling_params import SamplingParams
+from .commit import FORCED, Committer, Plan, StepTimes
 from .model_runner import ModelRunner
 from .output import StepInfo, StepOutput, StreamDelta
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Sequence, SpecState
 
 READ_BACK = 16         # tokens before a prompt chunk handed to proposers that read prompts (see _read_prompts)
-FORCED = "forced"      # a _Plan's source when the grammar's next tokens are verified without drafting
-
-
-@dataclass
-class _Plan:
-    """One decoding sequence's part of a step: what it verifies and where that came from."""
-    draft: Draft = field(default_factory=empty_draft)
-    source: str = ""                      # the proposer that filled `draft` (its method), FORCED, or "" (plain)
 
 
 class LLMEngine:
@@ -66,6 +57,7 @@ class LLMEngine:
                             PrefixCache() if enable_prefix_caching else None)
         self.scheduler = Scheduler(self.sched_cfg, self.kv)
         self.runner = ModelRunner(model, self.kv)
+        self.committer = Committer(self.kv, self.vocab_size, self._uses, self._reader)
         # one proposer per loaded method ({method: Proposer}); learned heads ({method: nn.Module} given) read the
         # target's hidden states from the step's own forward
         self.proposers: dict[str, Proposer] = build_proposers(model, self.vocab_size, self.sched_cfg.max_total_tokens,
@@ -211,8 +203,7 @@ class LLMEngine:
         if entry is None:
             return 0
         n = min(self.SETTLE_TOKENS, entry.unsettled)
-        forward_spans(self.model, [Span(entry.kv, entry.exact, entry.tokens[entry.exact:entry.exact + n].tolist(),
-                                        "none")])
+        self.runner.compute_prompt_rows(entry.kv, entry.exact, entry.tokens[entry.exact:entry.exact + n].tolist())
         entry.exact += n
         entry.kv.length = max(entry.kv.length, entry.exact)
         return n
@@ -282,36 +273,19 @@ class LLMEngine:
         self.last_step = StepInfo(len(decodes) + len(prefills), run.num_rows, sum(n for _, n in prefills),
                                   sum(len(p.draft) for p in plans))
         # 4. verify every sequence that samples this step: decodes, and prompts whose last chunk just ran
-        sampling = [(s, p, lg) for s, p, lg in zip(decodes, plans, run.decode_logits)]
-        hidden = run.decode_hidden
-        for (seq, n), lg in zip(prefills, run.prompt_logits):
-            seq.num_computed += n
-            self.kv.commit(seq.seq_id, seq.num_computed)
-            if lg is not None:
-                sampling.append((seq, None, lg))
-        V = self.vocab_size
+        sampling = [(s, p, lg, h) for s, p, lg, h in zip(decodes, plans, run.decode_logits, run.decode_hidden)]
+        sampling += [(seq, None, lg, None) for (seq, _), lg in zip(prefills, run.prompt_logits) if lg is not None]
         results = verify_step([Verification(lg, (p.draft if p else empty_draft()).token_ids,
                                             p.draft.q_draft if p else None, p.draft.parents if p else None,
-                                            s.params, s.generator, s.constraint) for s, p, lg in sampling], V)
-        t2 = time.perf_counter()
-        outputs = []                                                        # 5. commit
-        for j, ((seq, plan, lg), (num_accepted, emitted, kept)) in enumerate(zip(sampling, results)):
+                                            s.params, s.generator, s.constraint) for s, p, lg, _ in sampling],
+                              self.vocab_size)
+        times = StepTimes(t0, t1, time.perf_counter())
+        for seq, n in prefills:                                             # 5. commit
+            self.committer.prompt_chunk(seq, n)
+        outputs = []
+        for (seq, plan, lg, hidden), (num_accepted, emitted, kept) in zip(sampling, results):
             try:
-                start = seq.num_computed
-                if kept is not None:                     # a tree: its accepted path's K/V moves into place
-                    self.kv.compact(seq.seq_id, start, kept)
-                    lg = lg[torch.tensor(kept, device=lg.device)]
-                committed = self._commit(seq, plan, num_accepted, emitted, t0, t1, t2)
-                if plan is not None and j < len(hidden) and hidden[j] is not None and not seq.finished:
-                    # the newest token and the accepted drafts: the rows whose K/V the target kept
-                    rows = slice(0, 1 + num_accepted) if kept is None else torch.tensor(kept)
-                    self._reader(seq).accept_hidden(seq.seq_id, start, {i: h[rows] for i, h in hidden[j].items()})
-                if seq.constraint is not None:
-                    seq.constraint.commit(committed)
-                lps = None
-                if seq.params.logprobs is not None:     # row i of lg is the distribution emitted[i] came from
-                    lps = token_logprobs(lg[:len(committed), :V], committed, seq.params.logprobs)
-                    seq.logprobs = (seq.logprobs or []) + lps
+                committed, lps = self.committer.sampled(seq, plan, lg, num_accepted, emitted, kept, hidden, times)
             except Exception as exc:  # noqa: BLE001 - one request's failure is that request's error
                 outputs.append(self._fail(seq, exc))
                 continue
@@ -333,10 +307,10 @@ class LLMEngine:
             if chunks:
                 proposer.prefill(chunks)
 
-    def _propose(self, seqs: list[Sequence], rows: int) -> list[_Plan]:
+    def _propose(self, seqs: list[Sequence], rows: int) -> list[Plan]:
         """Each decoding sequence's draft for this step, by its own method and k (method auto: what its step
         controller picks, knowing the rows the step already carries)."""
-        plans = [_Plan() for _ in seqs]
+        plans = [Plan() for _ in seqs]
         budget = None
         # method auto under load: past the policy's max_load running sequences every step of theirs is plain (the
         # per-request gate, applied per step: a request admitted at low load stops drafting once the batch fills;
@@ -389,33 +363,6 @@ class LLMEngine:
         sp = seq.spec
         return ProposalContext(seq.seq_id, seq.token_ids, seq.params, seq.generator, seq.constraint, sp.topk,
                                min(sp.depth, k), self.row_cost, sp.prompt_lookup_max, sp.prompt_lookup_min, sp.pool)
-
-    def _commit(self, seq: Sequence, plan: _Plan | None, num_accepted: int, emitted: list[int],
-                t0: float, t1: float, t2: float) -> list[int]:
-        stats = seq.stats
-        if plan is None:                                  # the first token, sampled from the prompt's last row
-            stats.prefill_time_s += t2 - t0
-            return seq.append(emitted)
-        # the newest token and the accepted drafts now have K/V; the emitted last token does not
-        seq.num_computed += 1 + num_accepted
-        self.kv.commit(seq.seq_id, seq.num_computed)     # rejected drafts' K/V is simply not counted
-        num_draft = plan.draft.depth                     # a tree counts by the positions it can fill
-        stats.target_forwards += 1
-        stats.draft_time_s += t1 - t0
-        stats.verify_time_s += t2 - t1
-        stats.observe_draft(num_draft, num_accepted)
-        if plan.source == FORCED:
-            stats.forced_steps += 1
-            stats.forced_tokens += num_accepted
-        ctl = seq.spec.controller
-        if ctl is not None and plan.source != FORCED:
-            ctl.observe_step(num_draft, num_accepted, emitted)
-            stats.lookup_steps = ctl.lookup_steps
-        committed = seq.append(emitted)
-        result = VerifyResult(seq.seq_id, num_draft, num_accepted, len(seq.token_ids))
-        for proposer in self._uses(seq):
-            proposer.observe(result)
-        return committed
 
     def _output(self, seq: Sequence, committed: list[int], logprobs=None) -> StepOutput:
         now = time.perf_counter()

@@ -60,3 +60,8 @@ class ModelRunner:
             if h is not None:
                 heads[seq.seq_id].accept_hidden(seq.seq_id, span.start, h)
         return Executed(logits[:d], hidden[:d], [logits[i] for i in last_span], sum(len(s.token_ids) for s in spans))
+
+    def compute_prompt_rows(self, kv, start: int, token_ids: list[int]) -> None:
+        """K/V of `token_ids` at positions start.. as prompt rows, into `kv` (a prefix entry's cache), no logits:
+        how an idle engine settles an entry's generated tokens (LLMEngine.settle)."""
+        forward_spans(self.model, [Span(kv, start, token_ids, "none")])

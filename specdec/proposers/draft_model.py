@@ -29,7 +29,7 @@ def check_compatible(target_tok: Tokenizer, draft_tok: Tokenizer, target_vocab: 
     if min(target_vocab, draft_vocab) < target_tok.vocab_size:
         raise SpecDecError(f"model output heads ({target_vocab}, {draft_vocab}) are smaller than the "
                            f"tokenizer vocabulary ({target_tok.vocab_size})")
-    tv, dv = target_tok._tok.get_vocab(with_added_tokens=True), draft_tok._tok.get_vocab(with_added_tokens=True)
+    tv, dv = target_tok.vocab(), draft_tok.vocab()
     if tv != dv:
         diff = min(t for t in tv.keys() | dv.keys() if tv.get(t) != dv.get(t))
         raise SpecDecError(f"draft and target token text differs: token {diff!r} is id {tv.get(diff)} in the "

@@ -19,7 +19,8 @@ from ..config import PLAIN, SpeculativeConfig, get_method
 from ..errors import SpecDecError
 from ..policy.pools import rollout_arm
 from ..sampling.grammar import check_grammar
-from .async_engine import AsyncEngine, QueueFull, RequestAborted, RequestHandle
+from .async_engine import QueueFull, RequestAborted
+from .engine_client import EngineClient, RequestStream
 from .middleware import BearerAuth, HeaderGuard, RequestGuard
 from .protocol import (
     ROLES,
@@ -50,7 +51,7 @@ OTHER_POOL = "other"          # where spec_pool tags beyond --max-spec-pools go
 
 @dataclass
 class ServerState:
-    engine: AsyncEngine              # or a RayEngineClient: the same names in front of N engine replicas
+    engine: EngineClient             # an AsyncEngine, or a RayEngineClient in front of N engine replicas
     served_model_name: str | None        # None: the engine's model name (known once it has started)
     api_key: str | None = None
     drain_timeout_s: float = 30.0
@@ -312,7 +313,7 @@ def _queue_full(engine) -> APIError:
 
 
 async def _admit_and_submit(state: ServerState, req, encode, raw: Request, route: str,
-                            prompt_param: str) -> tuple[RequestHandle, str | None]:
+                            prompt_param: str) -> tuple[RequestStream, str | None]:
     """Admit (or 429), tokenize in a worker thread (the event loop keeps serving), check the context window,
     submit. Returns the handle and the response's `seed_scope`."""
     engine = state.engine
@@ -365,7 +366,7 @@ def _sse(obj) -> str:
 CUT_MESSAGE = "the server shut down before this request finished (--drain-timeout reached)"
 
 
-async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request, chat: bool,
+async def _respond(state: ServerState, req, handle: RequestStream, raw: Request, chat: bool,
                    seed_scope: str | None = None):
     rid = new_id("chatcmpl" if chat else "cmpl")
     created, model = now(), state.served_model_name
@@ -420,7 +421,7 @@ async def _respond(state: ServerState, req, handle: RequestHandle, raw: Request,
                          "speculative": speculative_stats(stats, seed_scope)}, headers=where)
 
 
-async def _collect(handle: RequestHandle):
+async def _collect(handle: RequestStream):
     parts, final, lps = [], None, []
     async for d in handle.deltas():
         parts.append(d.text)
@@ -429,7 +430,7 @@ async def _collect(handle: RequestHandle):
     return "".join(parts), final, lps
 
 
-async def _stream(handle: RequestHandle, rid: str, created: int, model: str, chat: bool, include_usage: bool,
+async def _stream(handle: RequestStream, rid: str, created: int, model: str, chat: bool, include_usage: bool,
                   seed_scope: str | None = None, lp_tokenizer=None, tools: ToolStream | None = None):
     """lp_tokenizer: set when the request asked for logprobs: each chunk carries those of its tokens.
     tools: a ToolStream when the output is parsed for tool calls (sent as delta.tool_calls)."""
