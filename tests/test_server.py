@@ -312,16 +312,16 @@ def test_burst_beyond_queue_gets_429(solo_llm):
 
 
 def test_failing_request_does_not_take_down_others(solo_llm, monkeypatch):
-    from specdec.engine import LLMEngine
+    from specdec.engine.commit import Committer
 
-    real = LLMEngine._commit
+    real = Committer.sampled
 
     def flaky(self, seq, *args):                 # a fault in one sequence's part of a step
         if 7 in seq.prompt_ids and len(seq.output_ids) > 2:
             raise RuntimeError("injected fault")
         return real(self, seq, *args)
 
-    monkeypatch.setattr(LLMEngine, "_commit", flaky)
+    monkeypatch.setattr(Committer, "sampled", flaky)
     with running_server(solo_llm, SpeculativeConfig(method="none")) as (url, state):
         bad = _post(url, {"prompt": [7, 8, 9], "max_tokens": 20, "ignore_eos": True}, path="/v1/completions")
         assert bad.status_code == 500 and "injected fault" in bad.json()["error"]["message"]
@@ -543,7 +543,7 @@ def test_the_app_talks_to_one_engine_client_interface_both_servers_implement(ser
 
     from specdec.server.async_engine import RequestHandle
     from specdec.server.engine_client import EngineClient, RequestStream
-    from specdec.server.ray_serve import Accepted, RayEngineClient, RemoteHandle
+    from specdec.server.ray_client import Accepted, RayEngineClient, RemoteHandle
 
     _, state = server
     assert isinstance(state.engine, EngineClient)

@@ -409,7 +409,7 @@ def test_seed_scope_is_reported_and_holds(server):
 
 def test_seed_scope_values():
     from specdec import SamplingParams
-    from specdec.server.protocol import seed_scope
+    from specdec.server.response_fields import seed_scope
 
     sampled = SamplingParams(temperature=0.8, seed=7)
     assert seed_scope(sampled, "draft") == seed_scope(sampled, "none") == "speculative_config"

@@ -1,5 +1,5 @@
 """What the HTTP layer (app.py) calls `engine`: one interface, two implementations. `AsyncEngine`
-(async_engine.py) drives one engine in this process; `RayEngineClient` (ray_serve.py) stands in front of N engine
+(async_engine.py) drives one engine in this process; `RayEngineClient` (ray_client.py) stands in front of N engine
 replicas on Ray Serve. The app reads nothing else of either, so a route written against this works for both;
 tests/test_server.py checks that both classes implement every member."""
 from __future__ import annotations

@@ -93,7 +93,7 @@ def _build_engine(args, compute):
 
 def server_state(engine, name: str | None, args):
     """The HTTP layer's state from `specdec serve`'s arguments (one process, or the Ray ingress)."""
-    from .app import ServerState
+    from .state import ServerState
 
     return ServerState(engine, name, api_key=args.api_key, drain_timeout_s=args.drain_timeout,
                        traffic_fraction=args.spec_traffic_fraction, max_request_bytes=args.max_request_bytes,

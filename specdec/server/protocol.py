@@ -8,14 +8,12 @@ logit_bias, ...) are declared and refused by `check_supported`, unless they hold
 from __future__ import annotations
 
 import functools
-import time
-import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from ..config import K_MAX, K_MIN, METHOD_TABLE, get_method, method_names
+from ..config import K_MAX, K_MIN, METHOD_TABLE, method_names
 from ..sampling.grammar import StructuredOutputs
 from ..sampling.logprobs import MAX_TOP_LOGPROBS
 from ..sampling_params import SamplingParams
@@ -37,6 +35,13 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
     # message and param may quote the client's input (a field name it sent): keep them short and encodable
     return {"error": {"message": shown(message, 2000), "type": type_, "param": None if param is None else shown(param),
                       "code": code}}
+
+
+def shown(value: str, limit: int = 64) -> str:
+    """A client's string as echoed in an error message: short, and always encodable."""
+    if len(value) > limit:
+        value = f"{value[:limit]}... ({len(value)} characters)"
+    return value.encode("utf-8", "replace").decode("utf-8")
 
 
 def _valid_text(value: str) -> str:
@@ -380,78 +385,3 @@ class CompletionRequest(_Sampling):
             raise APIError(400, f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] for completions",
                            param="logprobs")
         return self.logprobs
-
-
-def logprobs_content(tokenizer, lps: list) -> list[dict]:
-    """Chat `choices[].logprobs.content`: per token its text, logprob, UTF-8 bytes and top alternatives."""
-    def entry(token_id: int, logprob: float) -> dict:
-        raw = tokenizer.token_bytes(token_id)
-        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
-    return [entry(t.token_id, t.logprob) | {"top_logprobs": [entry(i, v) for i, v in t.top]} for t in lps]
-
-
-def completion_logprobs(tokenizer, lps: list, offset: int = 0) -> tuple[dict, int]:
-    """Completions' `choices[].logprobs` (tokens, token_logprobs, top_logprobs, text_offset) for these tokens,
-    their text offsets counted from `offset`; returns it and the offset after them."""
-    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for t in lps:
-        text = tokenizer.token_bytes(t.token_id).decode("utf-8", "replace")
-        out["tokens"].append(text)
-        out["token_logprobs"].append(t.logprob)
-        top = {tokenizer.token_bytes(i).decode("utf-8", "replace"): v for i, v in t.top}
-        out["top_logprobs"].append(top | {text: t.logprob})
-        out["text_offset"].append(offset)
-        offset += len(text)
-    return out, offset
-
-
-def shown(value: str, limit: int = 64) -> str:
-    """A client's string as echoed in an error message: short, and always encodable."""
-    if len(value) > limit:
-        value = f"{value[:limit]}... ({len(value)} characters)"
-    return value.encode("utf-8", "replace").decode("utf-8")
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def now() -> int:
-    return int(time.time())
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens the prefix cache supplied."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
-
-
-PREFIX_AFFINITY_TOKENS = 64     # a prompt's first tokens, hashed: its replica when the client names no spec_pool
-
-
-def prefix_affinity(prompt_ids: list[int]) -> str:
-    """The routing tag of a prompt without a spec_pool: a hash of its first tokens, so that a conversation's turns
-    (and requests sharing a system prompt) go to the replica whose prefix cache holds them."""
-    import hashlib
-
-    head = ",".join(map(str, prompt_ids[:PREFIX_AFFINITY_TOKENS]))
-    return "prefix:" + hashlib.blake2b(head.encode(), digest_size=8).hexdigest()
-
-
-def seed_scope(params: SamplingParams, method: str) -> str | None:
-    """What a seed reproduces: None (no seed, or greedy: the output is the same under every method),
-    "speculative_config" (the same seed with the same `speculative` method and k, as reported beside it, gives
-    the same completion) or "policy" (method auto chose, and its choices depend on load and history)."""
-    if params.seed is None or params.greedy:
-        return None
-    return "policy" if get_method(method).kind == "policy" else "speculative_config"
-
-
-def speculative_stats(stats: Any, seed_scope: str | None = None) -> dict:
-    """The per-request extension field: what speculation did for this request, and `seed_scope` (above)."""
-    return {"seed_scope": seed_scope} | {k: getattr(stats, k) for k in
-            ("method", "num_speculative_tokens", "draft_steps", "lookup_steps", "draft_tokens", "accepted_tokens",
-             "acceptance_rate", "mean_accepted_length", "accepted_per_position", "target_forwards", "forced_tokens",
-             "draft_time_s",
-             "verify_time_s", "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "policy_reason")}
