@@ -387,7 +387,7 @@ def test_train_head_init_continues_from_a_trained_head(tiny_models, code_dir, ch
 
 
 def test_refreshed_vocabulary_swaps_rare_tokens_for_frequent_missing_ones():
-    from specdec.train.head_trainer import refreshed_vocabulary
+    from specdec.train.features import refreshed_vocabulary
 
     current = torch.tensor([0, 1, 2, 3, 4, 5])
     docs = [[1, 2, 3, 4, 5] * 20 + [7] * 30 + [8] * 9 + [9] * 50 + [0]]     # 0 is rare but always kept
@@ -400,7 +400,8 @@ def test_refreshed_vocabulary_swaps_rare_tokens_for_frequent_missing_ones():
 
 @pytest.mark.parametrize("method", ["eagle3", "medusa"])
 def test_revocab_keeps_trained_rows_and_starts_new_ones_from_the_target(tiny_models, code_dir, tmp_path, method):
-    from specdec.train.head_trainer import HeadTrainer, target_head_weight
+    from specdec.train.features import target_head_weight
+    from specdec.train.head_trainer import HeadTrainer
 
     target, _ = tiny_models
     HeadTrainer(_train_cfg(method, code_dir, tmp_path / "a", epochs=1), target, progress=False).run()

@@ -48,7 +48,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the HTTP API
     ("specdec.server",),
     # every entry point
-    ("specdec.cli",),
+    ("specdec.cli", "specdec.cli_args"),
 ]
 
 # (importer, imported) -> why an upward import is allowed. Keep this short: most belong below, or moved.

@@ -55,7 +55,7 @@ def head_layers(method: str, head, num_layers: int) -> tuple[int, ...]:
 def teacher_forced(model, answered: list[tuple[list[int], list[int], bool]], layers: tuple[int, ...]) -> list[Answer]:
     """(prompt ids, the target's greedy answer, whether it stopped at its token limit) per prompt -> the target's
     states over prompt + answer at `layers`, in one forward each."""
-    from .head_trainer import teacher_forced_pass
+    from .features import teacher_forced_pass
 
     done = []
     for prompt, answer, capped in answered:
