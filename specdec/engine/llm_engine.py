@@ -153,8 +153,11 @@ class LLMEngine:
             sp.method, sp.k = d.method, d.k
         else:   # the draft (when chosen) and prompt lookup side by side; the step controller picks per step
             sp.k = policy.cfg.k_max
-            sp.controller = policy.controller(d, sp.pool, p.temperature, len(seq.prompt_ids),
-                                              (sp.prompt_lookup_max, sp.prompt_lookup_min))
+            lookup = self.proposers.get(lookup_method())
+            guesser = None if lookup is None else (
+                lambda ids, room, constraint, n=(sp.prompt_lookup_max, sp.prompt_lookup_min):
+                lookup.guess(ids, room, *n, constraint))
+            sp.controller = policy.controller(d, sp.pool, p.temperature, len(seq.prompt_ids), guesser)
 
     def abort(self, request_id: str) -> Sequence | None:
         """Stop a request now: its KV and draft state are freed before the next step (or kept as a prefix entry).

@@ -4,14 +4,17 @@ step of a running request, between the draft model (and its k) and prompt lookup
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..config import K_MAX, K_MIN, METHOD_TABLE, PLAIN, draft_model_method, get_method, lookup_method
-from ..proposers.ngram import lookup_guess
 from .cost_model import CostModel, StepBudget, best_k, expected_tokens, prefill_pays
 
 # StepController's two sources of a step's draft: its model proposer (k draft steps) or prompt lookup's guess
 MODEL, LOOKUP = "model", "lookup"
+# prompt lookup's guess for a sequence: (token_ids, room, grammar constraint or None) -> (matched n-gram length,
+# up to `room` tokens the grammar allows); the engine hands the controller its lookup proposer's
+Guesser = Callable[[list[int], int, object], tuple[int, list[int]]]
 
 
 def default_candidates() -> tuple[str, ...]:
@@ -171,7 +174,7 @@ class StepController:
 
     def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig,
                  lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[float, float, float]] | None = None,
-                 use_lookup: bool = True, lookup: tuple[int, int] = (4, 1)):
+                 use_lookup: bool = True, guesser: Guesser | None = None):
         models = get_method(method).drafts_with_model
         self.model = method if models else draft_model_method()   # the model proposer: draft model or a head
         self.k = k if models else 0                       # prompt lookup chosen: lookup alone, no draft steps
@@ -188,7 +191,7 @@ class StepController:
         self.lookup_proposed = 0
         self.lookup_guesses = 0                           # steps that had a guess (undecayed, for the pool)
         self.lookup_steps = 0                             # steps that verified a lookup guess
-        self.lookup = lookup                              # the request's prompt_lookup_max, prompt_lookup_min
+        self.guesser = guesser                            # prompt lookup's guess (None: no guess to offer)
         self._last: tuple[str, int, list[int]] = (MODEL, 0, [])   # this step's (source, match length, guess)
 
     @property
@@ -261,7 +264,7 @@ class StepController:
 
     def guess(self, token_ids: list[int], room: int, constraint) -> tuple[int, list[int]]:
         """Prompt lookup's guess: (matched n-gram length, up to `room` tokens the grammar allows)."""
-        return lookup_guess(token_ids, room, *self.lookup, constraint)
+        return self.guesser(token_ids, room, constraint) if self.guesser is not None else (0, [])
 
     def observe_step(self, num_draft: int, num_accepted: int, emitted: list[int]) -> None:
         """After verifying the step choose_step planned (or a plain step): `observe` with how its guess fared

@@ -20,6 +20,7 @@ from ..config import PLAIN, lookup_method
 from .cost_model import CostModel
 from .decide import (
     Decision,
+    Guesser,
     PolicyConfig,
     RequestFeatures,
     StepController,
@@ -207,7 +208,7 @@ class SpeculationPolicy:
                                         f"{acc if acc is not None else 0:.2f} < {self.cfg.min_acceptance}", acc)
 
     def controller(self, decision: Decision, pool_name: str = "default",
-                   temperature: float = 0.0, context: int = 0, lookup: tuple[int, int] = (4, 1)
+                   temperature: float = 0.0, context: int = 0, guesser: Guesser | None = None
                    ) -> StepController | None:
         """The step controller of a speculative request: the draft (when chosen) with the decision's k, prompt
         lookup with the pool's record for this temperature as its prior; priced at the request's context."""
@@ -219,7 +220,7 @@ class SpeculationPolicy:
         lookup_alpha = pool.estimate(ngram, bucket)
         return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost.at(context), self.cfg,
                               lookup_alpha if lookup_alpha is not None else prior_alpha(ngram, temperature, self.cfg),
-                              pool.lookup_prior(bucket), use_lookup=ngram in self.available, lookup=lookup)
+                              pool.lookup_prior(bucket), use_lookup=ngram in self.available, guesser=guesser)
 
     def record(self, pool_name: str, decision: Decision, temperature: float, stats,
                controller: StepController | None = None) -> None:
