@@ -180,6 +180,7 @@ def test_draft_int4_is_four_bit_throughout(qtype, monkeypatch):
 
 def test_llm_loads_its_draft_four_bit(monkeypatch):
     import specdec.llm as llm_mod
+    import specdec.loading as loading
 
     calls = []
 
@@ -187,7 +188,7 @@ def test_llm_loads_its_draft_four_bit(monkeypatch):
         calls.append((spec, kw))
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(llm_mod, "load_model", fake_load)
+    monkeypatch.setattr(loading, "load_model", fake_load)
     with pytest.raises(RuntimeError, match="stop here"):
         llm_mod.LLM(target="t", draft="d", quantization="int4")
     assert calls[0][1].get("int4_exact", True) is True                # the target: exact blocks
@@ -199,7 +200,7 @@ def test_llm_loads_its_draft_four_bit(monkeypatch):
             return SimpleNamespace(tokenizer=None, config=None)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(llm_mod, "load_model", fake_load_target_ok)
+    monkeypatch.setattr(loading, "load_model", fake_load_target_ok)
     with pytest.raises(RuntimeError, match="stop here"):
         llm_mod.LLM(target="t", draft="d", quantization="int4",
                     speculative=llm_mod.SpeculativeConfig(method="draft", quantization="int4"))
@@ -215,7 +216,7 @@ def test_llm_loads_its_draft_four_bit(monkeypatch):
             return SimpleNamespace(tokenizer=None, config=None, model=model)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(llm_mod, "load_model", fake_load_bf16_target)
+    monkeypatch.setattr(loading, "load_model", fake_load_bf16_target)
     for requested, loaded in ((None, "int4"), ("none", "none"), ("int8", "int8")):
         calls.clear()
         with pytest.raises(RuntimeError, match="stop here"):
