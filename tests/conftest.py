@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_cache import private_cache
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -53,11 +54,19 @@ def make_tiny_model(directory: Path, seed: int = 0, tokenizer_vocab: int = 320, 
     return directory
 
 
+SESSION_CACHE = os.environ.get("SPECDEC_CACHE")      # what the user's own runs read (usually unset)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch, request):
-    """Unit tests write conversions to a private cache; real-model tests use the user's cache."""
+    """Unit tests write conversions to a private cache; real-model tests use the user's cache, where a converted
+    model is kept from one run to the next (a fixture that leaves SPECDEC_CACHE changed would make every run convert
+    the real models again, into a temporary directory)."""
     if request.node.get_closest_marker("real_models") is None:
         monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path_factory.getbasetemp() / "specdec-cache"))
+    else:
+        assert os.environ.get("SPECDEC_CACHE") == SESSION_CACHE, \
+            "a fixture left SPECDEC_CACHE changed (use model_cache.private_cache)"
 
 
 @pytest.fixture(scope="session")
@@ -75,14 +84,7 @@ def tiny_models(tiny_dirs, tmp_path_factory):
     """Loaded fp32 tiny target and draft (LoadedModel)."""
     from specdec.models.loader import load_model
 
-    old = os.environ.get("SPECDEC_CACHE")
-    os.environ["SPECDEC_CACHE"] = str(tmp_path_factory.getbasetemp() / "specdec-cache")
-    try:
+    with private_cache(tmp_path_factory):
         target = load_model(str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
         draft = load_model(str(tiny_dirs["draft"]), dtype="float32", device="cpu", progress=False)
-    finally:
-        if old is None:
-            os.environ.pop("SPECDEC_CACHE")
-        else:
-            os.environ["SPECDEC_CACHE"] = old
     return target, draft

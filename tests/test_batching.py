@@ -6,6 +6,7 @@ recomputed) and all finish, and sampling generators live on the model's device.
 """
 import pytest
 import torch
+from model_cache import private_cache
 
 from specdec.config import SpeculativeConfig
 from specdec.engine import LLMEngine, SchedulerConfig
@@ -46,12 +47,10 @@ def _greedy(n=24):
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def pair(request, tiny_dirs, tmp_path_factory):
-    import os
-
-    os.environ["SPECDEC_CACHE"] = str(tmp_path_factory.getbasetemp() / "specdec-cache")
-    target = load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
-    # the target as its own draft: drafts are accepted, so batches carry real multi-row verifications
-    return target, load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
+    with private_cache(tmp_path_factory):
+        target = load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
+        # the target as its own draft: drafts are accepted, so batches carry real multi-row verifications
+        return target, load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
 
 
 def test_greedy_alone_equals_inside_a_mixed_batch(pair):

@@ -8,6 +8,7 @@ server reports cached tokens in usage, counters in /metrics and the hit rate in 
 import httpx
 import pytest
 import torch
+from model_cache import private_cache
 
 from specdec.config import SpeculativeConfig
 from specdec.engine import LLMEngine, SchedulerConfig
@@ -21,11 +22,9 @@ DRAFT3 = SpeculativeConfig(method="draft", num_speculative_tokens=3)
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def pair(request, tiny_dirs, tmp_path_factory):
-    import os
-
-    os.environ["SPECDEC_CACHE"] = str(tmp_path_factory.getbasetemp() / "specdec-cache")
-    target = load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
-    draft = load_model(str(tiny_dirs["draft"]), dtype=request.param, device="cpu", progress=False)
+    with private_cache(tmp_path_factory):
+        target = load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
+        draft = load_model(str(tiny_dirs["draft"]), dtype=request.param, device="cpu", progress=False)
     return target, draft
 
 

@@ -3,6 +3,7 @@ argmax down the tree; the accepted path's K/V is compacted into place. Greedy ou
 tree shape, in fp32 and bf16 (tree rows attend over the same keys, in the same order, as chain rows)."""
 import pytest
 import torch
+from model_cache import private_cache
 from test_heads import PROMPT, _eagle3, _medusa
 
 from specdec.config import SpeculativeConfig
@@ -17,10 +18,8 @@ from specdec.sampling_params import SamplingParams
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def target(request, tiny_dirs, tmp_path_factory):
-    import os
-
-    os.environ["SPECDEC_CACHE"] = str(tmp_path_factory.getbasetemp() / "specdec-cache")
-    return load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
+    with private_cache(tmp_path_factory):
+        return load_model(str(tiny_dirs["target"]), dtype=request.param, device="cpu", progress=False)
 
 
 def _add_children(b: TreeBuilder, parent: int, logprobs: torch.Tensor, token_ids: torch.Tensor) -> None:
