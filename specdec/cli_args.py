@@ -223,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                          '\'{"speculative": {"method": "none"}}\'')
     bs.add_argument("--model", default=None, help="model id (default: the first of each endpoint's /v1/models)")
     bs.add_argument("--dataset", default="builtin",
-                    help="builtin | long[:N] (retrieval over ~2k-token documents, whole-module edits) | structured "
+                    help="builtin | long[:N] (retrieval over ~2k-token documents, whole-module edits) | edits[:N] "
+                         "(stdlib functions to edit, each with its predicted output: --prediction) | structured "
                          "(20 JSON-schema requests) | humaneval[:N] | shared-prefix[:N] (N requests behind one "
                          "~1k-token system prompt) | sharegpt[:N] | a JSONL file; several joined with commas")
     bs.add_argument("--concurrency", default="1", help="comma-separated concurrency levels")
@@ -235,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--no-interleave", dest="interleave", action="store_false",
                     help="run each endpoint through the whole set in turn (default: prompt i, or round i of "
                          "`concurrency` prompts, goes to every endpoint before the next)")
+    bs.add_argument("--prediction", action="append", default=[], metavar="LABEL",
+                    help="send each prompt's predicted output (OpenAI's `prediction`; dataset edits, or a JSONL "
+                         "`prediction`) to the endpoint with this --label (repeatable); the others get the same "
+                         "requests without it")
+    bs.add_argument("--no-wait-idle", dest="wait_idle", action="store_false",
+                    help="send each round at once; by default it waits (up to 30 s) until at most 10%% of the CPUs "
+                         "are busy, so a server still busy with its last answer does not slow the next request")
     bs.add_argument("--turns", type=int, default=0,
                     help="multi-turn conversations of N turns, each resending the history (--dataset builtin: a "
                          "module's source then questions about it; sharegpt[:N]: ShareGPT conversations); reports "

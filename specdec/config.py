@@ -42,6 +42,8 @@ class Method:
     state_file: str | None = None       # the EngineArgs field naming the file its proposer's state is read from at
                                         # start and saved to as it grows (suffix decoding's pools)
     summary: str = ""                   # one line for the README's method table and --help
+    auto_candidate: bool = True         # method auto may pick it (False: it drafts from what a request brings, a
+                                        # prediction, so only that request can choose it)
     origin: str = "specdec"             # the package that declared it (a plugin's distribution)
 
     @property
@@ -151,6 +153,9 @@ class SpeculativeConfig:
     # grammar-constrained requests verify a chain. eagle_topk 1: a chain of num_speculative_tokens.
     eagle_topk: int = 1
     num_steps: int | None = None            # tree depth; None: num_speculative_tokens for a chain, else at most 4
+    # OpenAI's Predicted Outputs: the tokens the client expects back (the file being edited), a request's own draft
+    # source for the method that reads them (proposers/prediction.py)
+    prediction: list[int] | None = None
 
     def __post_init__(self):
         method = get_method(self.method)

@@ -125,7 +125,8 @@ class LLM:
         """What auto weighs: every loaded proposer's method, prompt lookup first, then the models, the heads and
         the caches (the order it explores an unobserved pool in)."""
         order = {"lookup": 0, "model": 1, "head": 2, "cache": 3}
-        return tuple(sorted(self.engine.proposers, key=lambda m: order.get(get_method(m).kind, 4)))
+        return tuple(sorted((m for m in self.engine.proposers if get_method(m).auto_candidate),
+                            key=lambda m: order.get(get_method(m).kind, 4)))
 
     def row_cost(self, n: int) -> float:
         """V(n): a target forward over n rows relative to one, from the cost model (measured once per machine and

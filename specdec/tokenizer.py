@@ -143,6 +143,11 @@ class Tokenizer:
         and the text does not start with it (chat templates usually write it themselves)."""
         return self._with_bos(self._encode(self._tok, text))
 
+    def encode_text(self, text: str) -> list[int]:
+        """Text as the model would write it inside an answer (a predicted output): no BOS, and control-token text
+        read as the plain characters it is."""
+        return self._encode(self._plain_tok if self._control_tokens else self._tok, text)
+
     def _with_bos(self, ids: list[int]) -> list[int]:
         if self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id] + ids

@@ -273,7 +273,10 @@ BAD = [
     (CHAT, {"messages": MSG, "logprobs": 3}, "logprobs"),                               # a boolean in chat
     (COMPLETIONS, {"prompt": "hi", "logprobs": 21}, "logprobs"),
     (COMPLETIONS, {"prompt": "hi", "logprobs": True}, "logprobs"),
-    (CHAT, {"messages": MSG, "prediction": {"type": "content", "content": "x"}}, "prediction"),
+    (CHAT, {"messages": MSG, "prediction": {"type": "text", "content": "x"}}, "prediction.type"),
+    (CHAT, {"messages": MSG, "prediction": {"type": "content", "content": 5}}, "prediction.content"),
+    (CHAT, {"messages": MSG, "prediction": {"type": "content", "content": "x"}, "speculative": {"method": "ngram"}},
+     "prediction"),
     (CHAT, {"messages": MSG, "modalities": ["text", "audio"]}, "modalities"),
     (COMPLETIONS, {"prompt": "hi", "suffix": "!"}, "suffix"),
     (COMPLETIONS, {"prompt": "hi", "best_of": 3}, "best_of"),

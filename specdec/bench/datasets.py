@@ -33,6 +33,10 @@ def load_prompts(source: str, seed: int = 0) -> list[dict]:
         from .long_prompts import long_prompts
 
         return long_prompts()[:source_count(source, 10 ** 6)]
+    if source == "edits" or source.startswith("edits:"):
+        from .edits import load_edits
+
+        return load_edits(source_count(source, 10 ** 6))
     if source == "structured":
         from .structured_prompts import STRUCTURED_PROMPTS
 
@@ -164,8 +168,11 @@ def _check_request(obj, where: str) -> dict:
     pool = obj.get("pool")
     if pool is not None and (not isinstance(pool, str) or not pool):
         raise SpecDecError(f"{where}: 'pool' must be a non-empty string")
+    prediction = obj.get("prediction")
+    if prediction is not None and not isinstance(prediction, str):
+        raise SpecDecError(f"{where}: 'prediction' must be a string (the output the client expects)")
     return {"messages": msgs, "category": category, **({"response_format": rf} if rf else {}),
-            **({"pool": pool} if pool else {})}
+            **({"pool": pool} if pool else {}), **({"prediction": prediction} if prediction is not None else {})}
 
 
 def _json_array_items(text: str):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import SpecDecError
 from .datasets import load_prompts
+from .idle import wait_until_idle
 from .serve_report import PCTS, render_serve_report, write_serve_plots
 from .summary import median, percentile
 
@@ -42,6 +43,9 @@ class ServeBenchConfig:
     interleave: bool = True
     turns: int = 0                       # > 0: multi-turn conversations (bench/conversations.py), TTFT per turn
     think_time_s: float = 0.0            # conversations: pause after each answer (a user reading), before the next
+    prediction: list[str] = field(default_factory=list)   # endpoint labels sent each prompt's `prediction`
+    wait_idle: bool = True               # send each round only once the machine is idle (bench/idle.py)
+    idle_max_busy: float = 0.1           # ... at most this share of the CPUs busy over a quarter second
 
     def __post_init__(self):
         if not self.endpoints:
@@ -66,6 +70,9 @@ class ServeBenchConfig:
         if len(self.extra_body) == 1:
             self.extra_body = self.extra_body * len(self.endpoints)
         self.extra_body = self.extra_body or [{} for _ in self.endpoints]
+        unknown = [p for p in self.prediction if p not in self.labels]
+        if unknown:
+            raise SpecDecError(f"--prediction '{unknown[0]}' is not an endpoint label ({', '.join(self.labels)})")
 
 
 async def _one(client, url: str, body: dict, headers: dict) -> dict:
@@ -160,6 +167,8 @@ async def _level(cfg: ServeBenchConfig, idx: int, model: str, prompts: list[dict
                 "temperature": cfg.temperature, "seed": cfg.seed + i, "stream": True,
                 "stream_options": {"include_usage": True},
                 **({"response_format": p["response_format"]} if p.get("response_format") else {}),
+                **({"prediction": {"type": "content", "content": p["prediction"]}}
+                   if p.get("prediction") is not None and cfg.labels[idx] in cfg.prediction else {}),
                 **cfg.extra_body[idx]}
         async with sem:
             rec = await _one(client, url, body, headers)
@@ -259,6 +268,7 @@ def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
     for idx in range(n):        # warm-up, untimed
         asyncio.run(_level(ServeBenchConfig(**{**asdict(cfg), "max_tokens": 8}), idx, models[idx], prompts[:1], 1))
     requests, summary = [], []
+    waited_s = 0.0
     for c in cfg.concurrency:
         if progress:
             print(f"bench serve: concurrency {c}: {len(prompts)} requests to each of {n} endpoint(s)"
@@ -270,6 +280,8 @@ def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
         for r, lo in enumerate(range(0, len(prompts), size)):
             idxs = list(range(lo, min(lo + size, len(prompts))))
             for idx in [(r + j) % n for j in range(n)] if cfg.interleave else range(n):
+                if cfg.wait_idle:
+                    waited_s += wait_until_idle(cfg.idle_max_busy)
                 got, duration = asyncio.run(_level(cfg, idx, models[idx], [prompts[i] for i in idxs], c, idxs))
                 recs[idx] += got
                 durations[idx] += duration
@@ -291,7 +303,7 @@ def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
             row["identical_to_first"] = same / len(mine) if mine else None
     import torch
 
-    result = {"config": {**asdict(cfg), "models": models, "num_prompts": len(prompts)},
+    result = {"config": {**asdict(cfg), "models": models, "num_prompts": len(prompts), "idle_wait_s": waited_s},
               "machine": machine_info(torch.get_num_threads()), "requests": requests, "summary": summary}
     out.mkdir(parents=True, exist_ok=True)
     plots = write_serve_plots(result, out)

@@ -116,7 +116,7 @@ class LLMEngine:
                                f"{self.sched_cfg.max_total_tokens} "
                                "(raise --max-total-tokens or lower max_tokens)")
         state = SpecState(spec.method, k, spec.prompt_lookup_max, spec.prompt_lookup_min, pool, spec.eagle_topk,
-                          spec.num_steps or 0)
+                          spec.num_steps or 0, prediction=spec.prediction)
         seq = Sequence(list(prompt_ids), params, self.tokenizer, self.eos_ids, self.max_model_len,
                        request_id=request_id, spec=state, device=self.device, arrival=time.perf_counter())
         seq.stats.method, seq.stats.num_speculative_tokens = spec.method, k
@@ -365,7 +365,8 @@ class LLMEngine:
     def _context(self, seq: Sequence, k: int) -> ProposalContext:
         sp = seq.spec
         return ProposalContext(seq.seq_id, seq.token_ids, seq.params, seq.generator, seq.constraint, sp.topk,
-                               min(sp.depth, k), self.row_cost, sp.prompt_lookup_max, sp.prompt_lookup_min, sp.pool)
+                               min(sp.depth, k), self.row_cost, sp.prompt_lookup_max, sp.prompt_lookup_min, sp.pool,
+                               sp.prediction)
 
     def _output(self, seq: Sequence, committed: list[int], logprobs=None) -> StepOutput:
         now = time.perf_counter()

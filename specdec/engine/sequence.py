@@ -32,6 +32,7 @@ class SpecState:
     depth: int = 0                          # ... and its depth (a chain: k)
     decision: Decision | None = None        # the policy's choice (method auto)
     controller: StepController | None = None   # method auto, when it speculates: picks each step's proposer and k
+    prediction: list[int] | None = None     # the request's predicted output (SpeculativeConfig.prediction)
 
 
 @dataclass

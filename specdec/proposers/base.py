@@ -43,6 +43,7 @@ class ProposalContext:
     prompt_lookup_max: int = 4             # prompt lookup: the request's n-gram sizes (vLLM's names)
     prompt_lookup_min: int = 1
     pool: str = "default"                  # the request's speculation pool (suffix decoding searches its outputs)
+    prediction: list[int] | None = None    # the request's predicted output (OpenAI's `prediction`), as tokens
 
     @property
     def tree(self) -> bool:

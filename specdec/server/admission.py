@@ -11,6 +11,7 @@ from fastapi import Request
 from ..config import PLAIN, SpeculativeConfig, get_method
 from ..errors import SpecDecError
 from ..policy.pools import rollout_arm
+from ..proposers.prediction import METHOD as PREDICTION
 from ..sampling.grammar import check_grammar
 from .async_engine import QueueFull
 from .engine_client import RequestStream
@@ -65,9 +66,13 @@ def completion_ids(state: ServerState, req: CompletionRequest) -> list[int]:
     return list(prompt)
 
 
-def spec_for(state: ServerState, req) -> SpeculativeConfig:
+def spec_for(state: ServerState, req, prediction: list[int] | None = None) -> SpeculativeConfig:
+    """The request's speculative config: the server's, as its `speculative` field overrides it; a request with a
+    `prediction` (its tokens given here) runs method predicted_outputs over them."""
     base = state.engine.default_spec
     o = req.speculative
+    if prediction is not None:
+        return prediction_spec(base, o, prediction)
     if o is None or (o.method is None and o.num_speculative_tokens is None and o.eagle_topk is None
                      and o.num_steps is None):
         return base
@@ -90,6 +95,20 @@ def spec_for(state: ServerState, req) -> SpeculativeConfig:
                             else None)
     try:
         return replace(base, method=method, num_speculative_tokens=k, eagle_topk=topk, num_steps=steps)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="speculative") from None
+
+
+def prediction_spec(base: SpeculativeConfig, o, prediction: list[int]) -> SpeculativeConfig:
+    """OpenAI's Predicted Outputs: method predicted_outputs drafts the predicted tokens (k: the request's
+    num_speculative_tokens, else the method's default); naming another method beside a prediction is a 400."""
+    if o is not None and o.method not in (None, PREDICTION.name):
+        raise APIError(400, f"a prediction is drafted by method '{PREDICTION.name}'; leave speculative.method out "
+                            f"or set it to '{PREDICTION.name}' (got '{o.method}')", param="prediction")
+    k = o.num_speculative_tokens if o is not None and o.num_speculative_tokens is not None else None
+    try:
+        return replace(base, method=PREDICTION.name, num_speculative_tokens=k, eagle_topk=1, num_steps=None,
+                       prediction=prediction)
     except ValueError as exc:
         raise APIError(400, str(exc), param="speculative") from None
 
@@ -148,7 +167,9 @@ async def admit_and_submit(state: ServerState, req, encode, raw: Request, route:
             except SpecDecError as exc:
                 param = "structured_outputs" if req.structured_outputs is not None else "response_format"
                 raise APIError(400, str(exc), param=param) from None
-        spec = spec_for(state, req)
+        pred = getattr(req, "prediction", None)
+        pred_ids = None if pred is None else await asyncio.to_thread(state.engine.tokenizer.encode_text, pred.text)
+        spec = spec_for(state, req, pred_ids)
         # the engine's key is always ours: a client's X-Request-Id (echoed in the response, as vLLM does) may repeat
         request_id = new_id("req")
         arm = "spec"

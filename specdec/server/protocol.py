@@ -120,7 +120,7 @@ class _Sampling(BaseModel):
     structured_outputs: dict[str, Any] | None = None     # vLLM's extension: {"json" | "regex" | "grammar" | ...}
     logit_bias: dict[str, Any] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    prediction: Any = None
+    prediction: Prediction | None = None
     audio: Any = None
     modalities: list[Any] | None = None
 
@@ -140,8 +140,6 @@ class _Sampling(BaseModel):
         _ = self.structured
         if self.logit_bias:
             raise _unsupported("logit_bias")
-        if self.prediction is not None:
-            raise _unsupported("prediction", "prediction (predicted outputs) is")
         if self.audio is not None:
             raise _unsupported("audio", "audio output is")
         if self.modalities is not None and self.modalities != ["text"]:
@@ -263,6 +261,18 @@ class ToolMode:
 class ContentPart(BaseModel):
     type: Literal["text"]
     text: Text
+
+
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: `{"type": "content", "content": "..."}` (or text parts), the text the client
+    expects back; drafted by method predicted_outputs (proposers/prediction.py)."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["content"]
+    content: Text | list[ContentPart]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 _NON_TEXT_PARTS = {"image_url": "image", "input_image": "image", "image": "image", "input_audio": "audio",

@@ -42,11 +42,18 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens the prefix cache supplied."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+def usage(stats: Any, predicted: bool = False) -> dict:
+    """OpenAI's usage object from a request's stats: `prompt_tokens_details.cached_tokens`, the prompt tokens the
+    prefix cache supplied; with a prediction, `completion_tokens_details`' accepted and rejected prediction tokens
+    (the prediction's draft tokens the target kept, and those it verified and turned down)."""
+    out = {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+           "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+    if predicted:
+        accepted = stats.accepted_tokens
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                            "rejected_prediction_tokens": stats.draft_tokens - accepted}
+    return out
 
 
 PREFIX_AFFINITY_TOKENS = 64     # a prompt's first tokens, hashed: its replica when the client names no spec_pool

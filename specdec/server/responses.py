@@ -39,11 +39,12 @@ async def respond(state: ServerState, req, handle: RequestStream, raw: Request, 
     mode = req.tool_mode if chat else None
     tool_calls = mode is not None                          # parse the output for calls
     names = {t["function"]["name"] for t in mode.tools} if mode is not None else None
+    predicted = getattr(req, "prediction", None) is not None
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(stream(handle, rid, created, model, chat, include_usage, seed_scope,
                                          tok if want_lp else None,
-                                         ToolStream(names) if tool_calls else None),
+                                         ToolStream(names) if tool_calls else None, predicted),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache", **where})
     task = asyncio.ensure_future(collect(handle))
     try:
@@ -77,7 +78,7 @@ async def respond(state: ServerState, req, handle: RequestStream, raw: Request, 
     choice = ({"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs} if chat else
               {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs})
     return JSONResponse({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
-                         "usage": usage(stats.prompt_tokens, stats.completion_tokens, stats.cached_tokens),
+                         "usage": usage(stats, predicted),
                          "speculative": speculative_stats(stats, seed_scope)}, headers=where)
 
 
@@ -91,7 +92,8 @@ async def collect(handle: RequestStream):
 
 
 async def stream(handle: RequestStream, rid: str, created: int, model: str, chat: bool, include_usage: bool,
-                  seed_scope: str | None = None, lp_tokenizer=None, tools: ToolStream | None = None):
+                  seed_scope: str | None = None, lp_tokenizer=None, tools: ToolStream | None = None,
+                  predicted: bool = False):
     """lp_tokenizer: set when the request asked for logprobs: each chunk carries those of its tokens.
     tools: a ToolStream when the output is parsed for tool calls (sent as delta.tool_calls)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -137,8 +139,7 @@ async def stream(handle: RequestStream, rid: str, created: int, model: str, chat
                 yield sse(last)
                 if include_usage:
                     yield sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                                "usage": usage(d.stats.prompt_tokens, d.stats.completion_tokens,
-                                              d.stats.cached_tokens)})
+                                "usage": usage(d.stats, predicted)})
             elif text or (lp_tokenizer is not None and d.logprobs):
                 yield sse(chunk(text, lps=d.logprobs))
         yield "data: [DONE]\n\n"
