@@ -145,6 +145,7 @@ def test_bench_serve_sends_predictions_to_the_labelled_endpoint_only(llm, tmp_pa
     assert by == {"plain": {"none"}, "predicted": {METHOD.name}}, by
     rows = {r["endpoint"]: r for r in result["summary"]}
     assert rows["predicted"]["identical_to_first"] == 1.0 and rows["predicted"]["errors"] == 0
+    assert rows["predicted"]["identical_to"] == {"plain": 1.0} and rows["plain"]["identical_to"] == {"predicted": 1.0}
     assert result["config"]["idle_wait_s"] >= 0
     assert main(["bench", "serve", "--endpoint", "http://127.0.0.1:9", "--prediction", "nope"]) == 1
     assert "--prediction 'nope' is not an endpoint label" in capsys.readouterr().err

@@ -301,6 +301,17 @@ def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
                     and r["ok"] and r["prompt_index"] in ref]
             same = sum(r["text"] == ref[r["prompt_index"]] for r in mine)
             row["identical_to_first"] = same / len(mine) if mine else None
+        for row in summary:        # greedy answers of every pair (a server with and without predictions, say)
+            texts = {}
+            for r in requests:
+                if r["concurrency"] == row["concurrency"] and r["ok"]:
+                    texts.setdefault(r["endpoint"], {})[r["prompt_index"]] = r["text"]
+            mine = texts.get(row["endpoint"], {})
+            row["identical_to"] = {}
+            for other, theirs in texts.items():
+                both = mine.keys() & theirs.keys()
+                if other != row["endpoint"] and both:
+                    row["identical_to"][other] = sum(mine[i] == theirs[i] for i in both) / len(both)
     import torch
 
     result = {"config": {**asdict(cfg), "models": models, "num_prompts": len(prompts), "idle_wait_s": waited_s},
