@@ -21,21 +21,46 @@ def draft_gguf():
     return assemble(BUILTIN_MODELS[DEFAULT_DRAFT], progress=False)
 
 
-def test_real_0_5b_matches_transformers(draft_gguf):
+def _transformers_reference(gguf, messages) -> dict:
+    """transformers' own reading of the GGUF: its chat-template token ids and fp32 logits for `messages`. Loading a
+    GGUF through transformers dequantizes every tensor in Python (over a minute here), so the reference is computed
+    once per GGUF file and transformers version and kept in specdec's cache (written atomically), like a converted
+    model; a new GGUF or another transformers version computes it again."""
+    import hashlib
+    import json
+
+    import transformers
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
+    from specdec.models.registry import cache_dir
+    from specdec.utils import save_torch_atomic
+
+    st = gguf.stat()
+    key = hashlib.sha256(json.dumps([gguf.name, st.st_size, st.st_mtime_ns, transformers.__version__,
+                                     messages]).encode()).hexdigest()[:16]
+    path = cache_dir() / "test-references" / f"{gguf.stem}-{key}.pt"
+    if path.is_file():
+        return torch.load(path)
+    ref_tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    ids = ref_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    ref = Qwen2ForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = ref(torch.tensor([ids])).logits[0]
+    out = {"ids": list(ids), "logits": logits}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_torch_atomic(out, path)
+    return out
+
+
+def test_real_0_5b_matches_transformers(draft_gguf):
     ours = load_model(DEFAULT_DRAFT, dtype="float32", device="cpu", progress=False)
     messages = [{"role": "user", "content": "Write a function that reverses a string. 你好"}]
     ids = ours.tokenizer.encode_chat(messages)
-    ref_tok = AutoTokenizer.from_pretrained(draft_gguf.parent, gguf_file=draft_gguf.name)
-    assert ids == ref_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    ref = Qwen2ForCausalLM.from_pretrained(draft_gguf.parent, gguf_file=draft_gguf.name,
-                                           torch_dtype=torch.float32).eval()
-    with torch.no_grad():
-        ref_logits = ref(torch.tensor([ids])).logits[0]
+    ref = _transformers_reference(draft_gguf, messages)
+    assert ids == ref["ids"]
     logits = forward_once(ours.model, ids)
-    assert torch.equal(logits.argmax(-1), ref_logits.argmax(-1))
-    assert (logits - ref_logits).abs().max().item() < 1e-2
+    assert torch.equal(logits.argmax(-1), ref["logits"].argmax(-1))
+    assert (logits - ref["logits"]).abs().max().item() < 1e-2
 
 
 @pytest.fixture(scope="module")
