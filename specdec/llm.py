@@ -72,17 +72,16 @@ class LLM:
                 self.engine.proposers[name].load(path)
 
     # -- the methods this engine runs ------------------------------------------------------------------------
+    def method_names(self) -> tuple[str, ...]:
+        """Every method this engine can run (plain, each loaded proposer's, the policy), in the table's order."""
+        return tuple(n for n in method_names()
+                     if METHOD_TABLE[n].kind in ("plain", "policy") or n in self.engine.proposers)
+
     def methods(self) -> list[dict]:
-        """Every method this engine can run (plain, each loaded proposer's, the policy), in the table's order:
-        its declaration's row and its proposer's own status section (/v1/speculative/status "methods")."""
-        out = []
-        for m in map(METHOD_TABLE.get, method_names()):
-            if m.kind not in ("plain", "policy") and m.name not in self.engine.proposers:
-                continue
-            status = self.engine.proposers[m.name].status() if m.name in self.engine.proposers else {}
-            out.append({"method": m.name, "kind": m.kind, "default_k": m.default_k, "tree": m.tree,
-                        "origin": m.origin, "status": status})
-        return out
+        """method_names(), each with its declaration's row and its proposer's own status section
+        (/v1/speculative/status "methods")."""
+        return [{"method": m.name, "kind": m.kind, "default_k": m.default_k, "tree": m.tree, "origin": m.origin,
+                 "status": self.method_status(m.name)} for m in map(METHOD_TABLE.get, self.method_names())]
 
     def method_status(self, name: str) -> dict:
         """One method's status section ({} for one that has none, or is not loaded)."""

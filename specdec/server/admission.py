@@ -81,7 +81,7 @@ def spec_for(state: ServerState, req, prediction: list[int] | None = None) -> Sp
     if declared.kind == "policy" and o.num_speculative_tokens is not None:
         raise APIError(400, f"with method '{method}' the policy chooses k; leave num_speculative_tokens out",
                        param="speculative.num_speculative_tokens")
-    runs = [m["method"] for m in state.engine.methods()]
+    runs = state.engine.method_names()          # per request: the names only, no proposer status collected
     if method not in runs:
         start = {"draft_model": " (--draft, or a draft-model --speculative-config)",
                  "head": " (--speculative-config method or --spec-heads)"}.get(declared.needs, "")

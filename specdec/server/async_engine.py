@@ -119,6 +119,10 @@ class AsyncEngine:
     def model_name(self) -> str:
         return self.llm.target.name
 
+    def method_names(self) -> tuple[str, ...]:
+        """The methods a request may name (cheap: no status is collected)."""
+        return self.llm.method_names()
+
     def methods(self) -> list[dict]:
         """The methods this engine runs (a request may name only these), each with its status section."""
         return self.llm.methods()

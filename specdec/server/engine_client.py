@@ -61,6 +61,8 @@ class EngineClient(Protocol):
     def alive(self) -> bool: ...
 
     # status and metrics
+    def method_names(self) -> tuple[str, ...]: ...   # the methods a request may name, without their status
+
     def methods(self) -> list[dict]: ...         # the methods it runs, each with its status section
 
     def policy_status(self) -> dict | None: ...

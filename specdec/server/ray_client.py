@@ -202,6 +202,10 @@ class RayEngineClient:
         texts["ingress"] = generate_latest(self._registry)
         return merge_labelled(texts)
 
+    def method_names(self) -> tuple[str, ...]:
+        """The methods every replica runs, as the first replica described them (no report is read)."""
+        return tuple(row["method"] for row in self._methods)
+
     def methods(self) -> list[dict]:
         """The methods every replica runs, each method's status section per replica (each replica keeps the
         state of the pools routed to it: suffix decoding's, for one)."""
