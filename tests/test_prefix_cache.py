@@ -1,7 +1,9 @@
 """Prefix caching: a request that shares a prefix with a finished (or running) one starts after it, exactly.
 
-Greedy outputs with a hit equal those without (fp32 and bf16, the draft model's cache reused too); only K/V
-computed as prompt rows is reused, and settling makes a finished request's generated tokens reusable bit for bit;
+Greedy outputs with a hit equal those without (fp32 and bf16, the draft model's cache reused too); where rows are
+exact (bf16 on CPU: every row through the row-by-row attention) a finished request's generated tokens are reusable
+bit for bit as they stand, with no settling pass; elsewhere (fp32) only K/V computed as prompt rows is reused until
+settling recomputes the rest;
 entries live inside the KV budget and are evicted LRU; two requests sharing a prompt prefix compute it once; the
 server reports cached tokens in usage, counters in /metrics and the hit rate in /v1/speculative/status.
 """
@@ -59,6 +61,10 @@ def test_conversation_turns_equal_a_fresh_engine_and_reuse_the_history(pair):
         assert a.output_ids == b.output_ids, turn
         if turn == 0:
             assert a.stats.cached_tokens == 0
+        elif on.runner.exact_rows:
+            # the whole previous turn is reused at once but its last token (sampled after the last forward)
+            assert a.stats.cached_tokens == previous_prompt + len(previous_answer) - 1
+            assert not on.has_background_work() and on.settle() == 0
         elif turn % 2 == 1:
             # not settled: only the previous prompt's rows are reused (its answer's K/V came from decode rows)
             assert a.stats.cached_tokens == previous_prompt
@@ -105,24 +111,33 @@ def test_learned_heads_resume_from_an_entry_and_draft_every_step(pair, method):
     assert on.prefix_cache_stats()["hits"] > 0
 
 
-def test_settled_entry_holds_the_same_kv_as_a_fresh_prefill(tiny_dirs):
-    """bf16 on CPU (the shipped path) is batch-invariant: prompt rows give the same K/V however they are chunked, so a
-    settled entry equals a one-shot prefill bit for bit. (fp32's GEMMs change rounding with the row count, as
-    chunked prefill already does; there the conversation test checks greedy parity.)"""
+@pytest.mark.parametrize("spec", [SpeculativeConfig(), DRAFT3], ids=["plain", "draft"])
+def test_an_answer_holds_the_same_kv_as_a_fresh_prefill_of_it(tiny_dirs, spec):
+    """bf16 on CPU (the shipped path) is batch-invariant and every row takes the row-by-row attention: a token's K/V
+    is the same whether a one-token step, a verification row or a prompt chunk of any size computed it. So a
+    finished request's entry -- its answer's K/V from decode steps or verification rows -- equals a fresh prefill
+    of prompt + answer bit for bit, however the prefill is chunked, with no settling pass. (fp32's GEMMs change
+    rounding with the row count; there the conversation test checks greedy parity after settling.)"""
     target = load_model(str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False)
     draft = load_model(str(tiny_dirs["draft"]), dtype="bfloat16", device="cpu", progress=False)
-    pair = (target, draft)
+    # drafting with the target itself: every draft is accepted, so the answer's K/V comes from verification rows
+    pair = (target, target if spec.method == "draft" else draft)
     engine = _engine(pair)
-    seq = _run(engine, [_ids(pair, "class Cache:\n    def rollback(self, n):")], n=20, spec=SpeculativeConfig())[0]
+    assert engine.runner.exact_rows
+    seq = _run(engine, [_ids(pair, "class Cache:\n    def rollback(self, n):")], n=40, spec=spec)[0]
     (entry,) = engine.kv.prefix.entries.values()
-    assert entry.exact == len(seq.prompt_ids) and len(entry.tokens) == len(seq.token_ids)
-    while engine.settle():
-        pass
-    assert entry.exact == len(seq.token_ids) and not engine.has_background_work()
-    fresh = engine.kv.ensure(-7, len(seq.token_ids))
-    forward_spans(target.model, [Span(fresh, 0, seq.token_ids, "none")])
-    n = len(seq.token_ids)
-    assert torch.equal(entry.kv.k[:, :, :n], fresh.k[:, :, :n]) and torch.equal(entry.kv.v[:, :, :n], fresh.v[:, :, :n])
+    n = len(seq.token_ids) - 1                      # the last token was sampled after the last forward
+    assert entry.exact == n and len(entry.tokens) == n + 1 and not engine.has_background_work()
+    if spec.method == "draft":
+        assert seq.stats.accepted_tokens == sum(seq.stats.drafted_per_position) >= 20
+    for cuts in ((n,), (5, 20, n - 25), (1,) * 7 + (n - 7,)):
+        fresh, start = engine.kv.ensure(-7, n + 1), 0
+        for c in cuts:
+            forward_spans(target.model, [Span(fresh, start, seq.token_ids[start:start + c], "none", decode=True)])
+            start += c
+        assert torch.equal(entry.kv.k[:, :, :n], fresh.k[:, :, :n])
+        assert torch.equal(entry.kv.v[:, :, :n], fresh.v[:, :, :n])
+        engine.kv.free_seq(-7)
 
 
 def test_a_shared_system_prompt_is_computed_once_in_a_batch(pair):

@@ -55,8 +55,8 @@ class LLMEngine:
         # finished requests' K/V stays, matched by token prefix, in the same budget (models/prefix_cache.py)
         self.kv = KVManager(model, self.sched_cfg.max_total_tokens,
                             PrefixCache() if enable_prefix_caching else None)
-        self.scheduler = Scheduler(self.sched_cfg, self.kv)
         self.runner = ModelRunner(model, self.kv)
+        self.scheduler = Scheduler(self.sched_cfg, self.kv, self.runner.exact_rows)
         self.committer = Committer(self.kv, self.vocab_size, self._uses, self._reader)
         # one proposer per loaded method ({method: Proposer}); learned heads ({method: nn.Module} given) read the
         # target's hidden states from the step's own forward
@@ -196,15 +196,17 @@ class LLMEngine:
     SETTLE_TOKENS = 64      # prompt rows an idle step computes for a prefix entry (a new request waits at most that)
 
     def has_background_work(self) -> bool:
-        """A prefix entry holds generated tokens not yet computed as prompt rows (idle steps settle them)."""
-        return self.kv.prefix is not None and self.kv.prefix.to_settle() is not None
+        """A prefix entry holds generated tokens whose K/V a next turn could not reuse as it stands (idle steps
+        settle them). Never where rows are exact: an entry's only position without K/V is then its last token,
+        which the next turn's prefill computes anyway."""
+        return not self.runner.exact_rows and self.kv.prefix is not None and self.kv.prefix.to_settle() is not None
 
     def settle(self) -> int:
         """Compute the next chunk of a prefix entry's unsettled positions as prompt rows, so that a request sending
         those tokens back (a conversation's next turn) reuses them bit for bit. Returns the positions computed."""
-        entry = self.kv.prefix.to_settle() if self.kv.prefix is not None else None
-        if entry is None:
+        if not self.has_background_work():
             return 0
+        entry = self.kv.prefix.to_settle()
         n = min(self.SETTLE_TOKENS, entry.unsettled)
         self.runner.compute_prompt_rows(entry.kv, entry.exact, entry.tokens[entry.exact:entry.exact + n].tolist())
         entry.exact += n

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.kv_manager import KVManager
-from ..models.runner import Span, forward_spans
+from ..models.runner import Span, exact_rows, forward_spans
 from ..proposers.base import Draft, Proposer
 from .sequence import Sequence
 
@@ -30,6 +30,10 @@ class ModelRunner:
     def __init__(self, model, kv: KVManager):
         self.model = model
         self.kv = kv
+        # every row through the row-by-row attention where that makes a token's K/V independent of how it was
+        # computed: a finished answer's K/V is then reusable by the next turn as it stands, with no settling pass
+        # (measured on the int4 target: a 2k-token prompt prefills no slower than with flash attention)
+        self.exact_rows = exact_rows(model)
 
     def execute(self, decodes: list[Sequence], drafts: list[Draft], prefills: list[tuple[Sequence, int]],
                 reader: Callable[[Sequence], Proposer | None]) -> Executed:
@@ -44,7 +48,7 @@ class ModelRunner:
             lo, hi = seq.num_computed, seq.num_computed + n
             done, cut = hi == len(seq.token_ids), min(max(len(seq.prompt_ids), lo), hi)
             kv = self.kv.get(seq.seq_id)
-            for a, b, decode in ((lo, cut, False), (cut, hi, True)):
+            for a, b, decode in ((lo, cut, self.exact_rows), (cut, hi, True)):
                 if b > a:
                     spans.append(Span(kv, a, seq.token_ids[a:b], "last" if done and b == hi else "none",
                                       decode=decode, hidden=heads[seq.seq_id] is not None))
@@ -64,4 +68,4 @@ class ModelRunner:
     def compute_prompt_rows(self, kv, start: int, token_ids: list[int]) -> None:
         """K/V of `token_ids` at positions start.. as prompt rows, into `kv` (a prefix entry's cache), no logits:
         how an idle engine settles an entry's generated tokens (LLMEngine.settle)."""
-        forward_spans(self.model, [Span(kv, start, token_ids, "none")])
+        forward_spans(self.model, [Span(kv, start, token_ids, "none", decode=self.exact_rows)])

@@ -69,9 +69,10 @@ MIN_CHUNK = 16          # prompt tokens a step carries at least, however slow th
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, kv: KVManager):
+    def __init__(self, cfg: SchedulerConfig, kv: KVManager, exact_rows: bool = False):
         self.cfg = cfg
         self.kv = kv
+        self.exact_rows = exact_rows                    # generated tokens' K/V is reusable as computed (runner.py)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
         self.s_per_prompt_token: float | None = None    # measured (EMA) over steps that carried prompt chunks
@@ -107,11 +108,12 @@ class Scheduler:
             self.kv.unpin(seq.prefix_hit)
             seq.prefix_hit = None
         if extras is not None:
-            # its prompt's K/V was computed as prompt rows (or copied from exact ones): reusable bit for bit. A
-            # finished sequence's last token (no K/V yet) joins the entry, to be settled; an aborted one keeps only
-            # what it computed
+            # its prompt's K/V was computed as prompt rows (or copied from exact ones): reusable bit for bit, and so
+            # are its generated tokens' where rows are exact. A finished sequence's last token (no K/V yet) joins
+            # the entry (settled, where rows are not exact); an aborted one keeps only what it computed
             tokens = seq.token_ids if seq.finished else seq.token_ids[:seq.num_computed]
-            self.kv.keep(seq.seq_id, tokens, min(seq.num_computed, len(seq.prompt_ids)), extras)
+            exact = seq.num_computed if self.exact_rows else min(seq.num_computed, len(seq.prompt_ids))
+            self.kv.keep(seq.seq_id, tokens, exact, extras)
         else:
             self.kv.free_seq(seq.seq_id)
 

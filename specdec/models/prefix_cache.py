@@ -9,13 +9,14 @@ Copied, not shared: a sequence's cache is one contiguous tensor per model (what 
 so a hit copies the prefix (about 28 KB a token for the 1.5B target: ~1 ms per thousand tokens, against seconds to
 prefill them). Entries are never written by a running sequence, so preemption and abort cannot corrupt them.
 
-Exact: a hit must give the same tokens as a fresh prefill. K/V computed for prompt rows (ATen's attention in
-key-block runs, independent of chunking) differs in the last bits from K/V computed for generated tokens (the
-compiled row-by-row attention of decode steps). So an entry counts how many of its leading positions were
-computed as prompt rows (`exact`), and only those are reused for the target; the generated tokens' K/V is
-recomputed as prompt rows while the engine has nothing else to do (`settle`), so that a conversation's next turn,
-which sends them back as prompt, finds them exact. The draft's K/V needs no exactness (its tokens are verified)
-and is reused as far as it matches.
+Exact: a hit must give the same tokens as a fresh prefill. An entry counts how many of its leading positions hold
+K/V that a fresh prefill would compute bit for bit (`exact`), and only those are reused for the target. Where rows
+are exact (bf16 and int4 on CPU: every row, prompt or generated, takes the batch-invariant row-by-row attention;
+models/runner.exact_rows) that is every position a finished request computed: a conversation's next turn reuses
+the whole answer at once. Elsewhere (fp32, CUDA) prompt rows take flash attention, whose K/V differs in the last
+bits from the decode steps', so only the prompt's positions are exact at first and the generated tokens' K/V is
+recomputed as prompt rows while the engine has nothing else to do (`settle`). The draft's K/V needs no exactness
+(its tokens are verified) and is reused as far as it matches.
 
 Memory: entries live in the target KV manager's budget (`max_total_tokens`); when a running sequence needs the
 room, the least recently used entries are evicted first (vLLM's automatic prefix caching and SGLang's radix cache

@@ -112,6 +112,7 @@ class Transformer(nn.Module):
         # paths and give bit-identical logits per row (measured on oneDNN / CPU flash attention).
         self.min_query_rows = 1
         self.key_block = 1
+        self.batch_invariant = False   # its linears give every row the same bits whatever the row count
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnMetadata,

@@ -91,6 +91,18 @@ def _logits(model, hidden: torch.Tensor, want: list) -> list[torch.Tensor | None
     return out
 
 
+def exact_rows(model) -> bool:
+    """Whether a token's K/V has the same bits however it was computed -- in a prompt chunk of any size, as a
+    decode step or as a verification row -- when every row takes the row-by-row attention (`Span.decode`). True for
+    bf16 and int4 on CPU with the compiled ops: their attention is batch-invariant by construction and the linears
+    are too (`batch_invariant`, packed_linear.py). Elsewhere (fp32, whose GEMMs round by row count; CUDA; the eager
+    fallback) prompt rows keep flash attention and generated tokens' K/V is recomputed before a next turn may reuse
+    it (LLMEngine.settle)."""
+    from . import cpu_ops
+
+    return model.batch_invariant and cpu_ops.fused_available(model.embed_tokens.weight)
+
+
 def forward_once(model, token_ids: list[int]) -> torch.Tensor:
     """Logits of every position of one standalone sequence  # [T, V] (tests, the divergence margin)."""
     kv = model.new_kv()

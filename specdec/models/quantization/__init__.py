@@ -59,7 +59,7 @@ def _batch_invariant_attention(model: nn.Module) -> None:
     from ..packed_linear import KEY_BLOCK, MIN_ROWS
 
     if model.embed_tokens.weight.dtype == torch.bfloat16:
-        model.min_query_rows, model.key_block = MIN_ROWS, KEY_BLOCK
+        model.min_query_rows, model.key_block, model.batch_invariant = MIN_ROWS, KEY_BLOCK, True
 
 
 def quantize_model(model: nn.Module, scheme: str | None, packed: dict | None = None) -> int:
