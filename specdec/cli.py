@@ -101,7 +101,8 @@ def cmd_bench_serve(args) -> int:
                            concurrency=_csv(args.concurrency, int, "--concurrency"), max_tokens=args.max_tokens,
                            temperature=args.temperature, seed=args.seed, out=args.out, labels=args.label,
                            extra_body=extra, api_key=args.api_key, interleave=args.interleave, turns=args.turns,
-                           think_time_s=args.think_time, prediction=args.prediction, wait_idle=args.wait_idle)
+                           think_time_s=args.think_time, prediction=args.prediction, wait_idle=args.wait_idle,
+                           rounds=args.rounds)
     result = run_serve_bench(cfg)
     if cfg.turns:
         from .bench.conversations import render_conversation_report

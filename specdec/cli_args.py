@@ -243,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--no-wait-idle", dest="wait_idle", action="store_false",
                     help="send each round at once; by default it waits (up to 30 s) until at most 10%% of the CPUs "
                          "are busy, so a server still busy with its last answer does not slow the next request")
+    bs.add_argument("--rounds", type=int, default=1,
+                    help="cut the prompts into N consecutive rounds (each interleaved over the endpoints) and report "
+                         "each round's median decode tok/s and ratio, and the median ratio over rounds with its "
+                         "spread (disjoint slices: a prompt sent twice would meet what a server learned from it)")
     bs.add_argument("--turns", type=int, default=0,
                     help="multi-turn conversations of N turns, each resending the history (--dataset builtin: a "
                          "module's source then questions about it; sharegpt[:N]: ShareGPT conversations); reports "

@@ -88,6 +88,39 @@ def test_bench_serve_interleaves_prompts_across_endpoints(monkeypatch, tmp_path)
     assert [(i, idx) for i, idx, _ in calls] == [(0, [0, 1, 2, 3, 4]), (1, [0, 1, 2, 3, 4])]
 
 
+def test_bench_serve_rounds_report_each_slice_and_the_spread(monkeypatch, tmp_path):
+    """--rounds 3 cuts 7 prompts into 3 disjoint slices (3, 2, 2; none sent twice); each round's median decode
+    tok/s and ratio to the first endpoint's, then the median ratio over rounds with its min and max."""
+    from specdec.bench import serve as bs
+
+    prompts = [{"messages": [{"role": "user", "content": str(i)}], "category": "x"} for i in range(7)]
+    monkeypatch.setattr(bs, "load_prompts", lambda source, seed: prompts)
+    factor = {0: 1.5, 1: 2.0, 2: 1.2}                    # endpoint b over a, per round
+    sent = []
+
+    async def fake_level(cfg, idx, model, ps, concurrency, indices=None):
+        if cfg.max_tokens == 8:
+            return [], 0.0
+        sent.extend((idx, i) for i in indices)
+        recs = [{"endpoint": cfg.labels[idx], "concurrency": concurrency, "prompt_index": i, "category": "x",
+                 "ok": True, "error": None, "ttft_s": 0.1, "e2e_s": 1.1, "itl_s": [], "output_tokens": 11,
+                 "decode_tok_s": 10.0 * (factor[bs.round_of(i, 7, 3)] if idx else 1), "text": "x",
+                 "speculative": None} for i in indices]
+        return recs, 1.0
+
+    monkeypatch.setattr(bs, "_level", fake_level)
+    result = bs.run_serve_bench(bs.ServeBenchConfig(endpoints=["http://a", "http://b"], model="m", rounds=3,
+                                                    out=str(tmp_path), wait_idle=False), progress=False)
+    assert sorted(sent) == sorted((idx, i) for idx in (0, 1) for i in range(7))       # each prompt once each
+    assert [bs.round_of(i, 7, 3) for i in range(7)] == [0, 0, 0, 1, 1, 2, 2]
+    b = result["summary"][1]
+    assert [r["decode_ratio"] for r in b["rounds"]] == pytest.approx([1.5, 2.0, 1.2])
+    assert b["decode_ratio_over_rounds"] == pytest.approx({"median": 1.5, "min": 1.2, "max": 2.0})
+    assert "1.50x [1.20 - 2.00]" in (tmp_path / "report.md").read_text()
+    with pytest.raises(SpecDecError, match="--rounds"):
+        bs.ServeBenchConfig(endpoints=["http://a"], rounds=0)
+
+
 def test_shared_prefix_requests_share_one_long_system_prompt():
     from specdec.bench.datasets import load_prompts
 

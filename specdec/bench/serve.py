@@ -46,6 +46,7 @@ class ServeBenchConfig:
     prediction: list[str] = field(default_factory=list)   # endpoint labels sent each prompt's `prediction`
     wait_idle: bool = True               # send each round only once the machine is idle (bench/idle.py)
     idle_max_busy: float = 0.1           # ... at most this share of the CPUs busy over a quarter second
+    rounds: int = 1                      # the prompts cut into this many rounds: medians per round, their spread
 
     def __post_init__(self):
         if not self.endpoints:
@@ -56,6 +57,8 @@ class ServeBenchConfig:
         self.endpoints = [e.rstrip("/").removesuffix("/v1") for e in self.endpoints]
         if any(c < 1 for c in self.concurrency) or not self.concurrency:
             raise SpecDecError(f"--concurrency values must be >= 1, got {self.concurrency}")
+        if self.rounds < 1:
+            raise SpecDecError(f"--rounds must be >= 1, got {self.rounds}")
         if self.think_time_s < 0:
             raise SpecDecError("--think-time must be >= 0")
         if self.max_tokens < 1 or self.temperature < 0:
@@ -254,6 +257,41 @@ def add_ratios(summary: list[dict]) -> None:
         row["throughput_ratio"] = ratio(row["output_throughput"], ref["output_throughput"])
 
 
+def round_of(prompt_index: int, num_prompts: int, rounds: int) -> int:
+    """Which of `rounds` consecutive slices of the prompts holds this one. Rounds are disjoint slices, not repeats:
+    a prompt sent twice would find the second time what a server learned from the first (its suffix pools, its
+    prefix cache), so a repeat would not measure the same thing again."""
+    return min(prompt_index * rounds // max(num_prompts, 1), rounds - 1)
+
+
+def add_rounds(summary: list[dict], requests: list[dict], rounds: int) -> None:
+    """Per row: its median decode tok/s in each round, and the ratio to the first endpoint's in the same round
+    (overall and by category); then the median over rounds and the spread (min, max)."""
+    first = {}
+    for row in summary:
+        first.setdefault(row["concurrency"], row["endpoint"])
+
+    def medians(endpoint, conc, rnd):
+        good = [r for r in requests if r["endpoint"] == endpoint and r["concurrency"] == conc
+                and r.get("round") == rnd and r["ok"] and r.get("decode_tok_s")]
+        by = {}
+        for r in good:
+            by.setdefault(r["category"], []).append(r["decode_tok_s"])
+        return median([r["decode_tok_s"] for r in good]), {c: median(v) for c, v in by.items()}
+
+    for row in summary:
+        per = []
+        for rnd in range(rounds):
+            mine, mine_by = medians(row["endpoint"], row["concurrency"], rnd)
+            ref, ref_by = medians(first[row["concurrency"]], row["concurrency"], rnd)
+            per.append({"round": rnd, "decode_tok_s_p50": mine, "decode_ratio": ratio(mine, ref),
+                        "decode_ratio_by_category": {c: ratio(v, ref_by.get(c)) for c, v in mine_by.items()}})
+        row["rounds"] = per
+        ratios = [p["decode_ratio"] for p in per if p["decode_ratio"] is not None]
+        row["decode_ratio_over_rounds"] = ({"median": median(ratios), "min": min(ratios), "max": max(ratios)}
+                                           if ratios else None)
+
+
 def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
     from ..utils import write_json_atomic, write_text_atomic
     from .offline import machine_info
@@ -279,6 +317,9 @@ def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
         size = c if cfg.interleave and n > 1 else len(prompts)
         for r, lo in enumerate(range(0, len(prompts), size)):
             idxs = list(range(lo, min(lo + size, len(prompts))))
+            if progress and cfg.rounds > 1 and round_of(lo, len(prompts), cfg.rounds) != \
+                    round_of(max(lo - 1, 0), len(prompts), cfg.rounds):
+                print(f"bench serve: round {round_of(lo, len(prompts), cfg.rounds) + 1} of {cfg.rounds}", flush=True)
             for idx in [(r + j) % n for j in range(n)] if cfg.interleave else range(n):
                 if cfg.wait_idle:
                     waited_s += wait_until_idle(cfg.idle_max_busy)
@@ -286,10 +327,14 @@ def run_serve_bench(cfg: ServeBenchConfig, progress: bool = True) -> dict:
                 recs[idx] += got
                 durations[idx] += duration
         for idx in range(n):
+            for rec in recs[idx]:
+                rec["round"] = round_of(rec["prompt_index"], len(prompts), cfg.rounds)
             requests += sorted(recs[idx], key=lambda x: x["prompt_index"])
             summary.append({"endpoint": cfg.labels[idx], "url": cfg.endpoints[idx], "concurrency": c,
                             **summarize_level(recs[idx], durations[idx])})
     add_ratios(summary)
+    if cfg.rounds > 1:
+        add_rounds(summary, requests, cfg.rounds)
     if len(cfg.endpoints) > 1 and cfg.temperature == 0:
         first = cfg.labels[0]
         for row in summary:

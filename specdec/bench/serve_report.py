@@ -40,6 +40,7 @@ def render_serve_report(result: dict, plots: list[str]) -> str:
             f"{pct('itl')} | {pct('e2e')} | {_num(r['acceptance_rate'])} | {_num(r['mean_accepted_length'])} | "
             f"{_num(r['tokens_per_chunk'])} | {_num(ident)} |")
     lines += category_table(result["summary"])
+    lines += rounds_table(result["summary"])
     if any(r.get("cached_tokens") is not None for r in result["summary"]):
         lines += ["", "Prompt tokens over the level, as each server's usage reports them: cached (served by its "
                       "prefix cache, prompt_tokens_details.cached_tokens) and computed (the rest).", "",
@@ -62,6 +63,28 @@ def render_serve_report(result: dict, plots: list[str]) -> str:
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def rounds_table(summary: list[dict]) -> list[str]:
+    """Per round (a disjoint slice of the prompts, run interleaved): median decode tok/s and its ratio to the first
+    endpoint's in that round; then the median ratio over rounds with its spread."""
+    rows = [r for r in summary if r.get("rounds")]
+    if not rows:
+        return []
+    n = len(rows[0]["rounds"])
+    lines = ["", f"Rounds: the prompts in {n} consecutive slices, each sent interleaved to every endpoint. Median "
+                 "decode tok/s per round (ratio to the first endpoint's in the same round), then the median "
+                 "ratio over rounds [min - max].", "",
+             "| endpoint | conc | " + " | ".join(f"round {i + 1}" for i in range(n)) + " | ratio over rounds |",
+             "|---|---|" + "---|" * (n + 1)]
+    for r in rows:
+        cells = " | ".join("-" if p["decode_tok_s_p50"] is None else f"{p['decode_tok_s_p50']:.2f}"
+                           + (f" ({p['decode_ratio']:.2f}x)" if p["decode_ratio"] is not None else "")
+                           for p in r["rounds"])
+        o = r.get("decode_ratio_over_rounds")
+        spread = f"{o['median']:.2f}x [{o['min']:.2f} - {o['max']:.2f}]" if o else "-"
+        lines.append(f"| {r['endpoint']} | {r['concurrency']} | {cells} | {spread} |")
+    return lines
 
 
 def category_table(summary: list[dict]) -> list[str]:
