@@ -7,8 +7,10 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ops.h"
@@ -16,11 +18,12 @@
 
 namespace {
 
-// Decode and verification rows (a sequence's generated tokens) attend with the kernel below instead of ATen's:
-// one query row and head at a time over exactly its keys 0..pos, in a fixed order, fp32 throughout. A row's
+// Decode and verification rows (and, where a model's rows are exact, prompt rows too) attend with the kernels below
+// instead of ATen's: each (row, head) over exactly its keys 0..pos, in a fixed order, fp32 throughout. A row's
 // result therefore depends on its position only -- never on how many rows share the call or how the keys are
-// padded -- and a one-token step costs microseconds instead of ATen's ~100 us of per-call set-up per layer.
-// Prompt rows keep ATen's flash attention (faster for hundreds of rows), in key-block runs.
+// padded -- and a one-token step costs microseconds instead of ATen's ~100 us of per-call set-up per layer. The
+// vector paths take the rows of a sequence in blocks that share every key's loads (attend_rows); the scalar path
+// goes row by row. Other prompt rows keep ATen's flash attention, in key-block runs.
 
 // Which cache slot a row's j-th key is in: keys 0..nprefix-1 are slots 0..nprefix-1; a token-tree row's further
 // keys are its path's slots (its ancestors in the tree, then itself), in depth order. A chain row has no path
@@ -30,6 +33,11 @@ struct KeySlots {
     int64_t nprefix;
     const int64_t* path;   // nkeys - nprefix slots, or null
     inline int64_t operator()(int64_t j) const { return j < nprefix ? j : path[j - nprefix]; }
+};
+
+struct RowKeys {
+    int64_t row, nkeys;   // flat-batch row; the keys it attends (its position + 1 for a chain row)
+    KeySlots slots;       // where they are
 };
 
 // One (row, head): q [D], keys/values [slots, D] (row stride D) -> out [D]; s: scratch of nkeys floats.
@@ -55,9 +63,21 @@ void attend_scalar(const T* q, const T* kc, const T* vc, int64_t d, int64_t nkey
 }
 
 #ifdef SPECDEC_HAVE_AVX512
+// Several rows of one sequence and the query heads of one KV group attend together (a "pair" is one row and one
+// head): each key and value row is read from memory once for all pairs instead of once per row and head, which is
+// what verification rows and prompt rows cost at long context.
+//
+// The invariant that keeps a row's bits the same however many rows share the task -- so that a decode step, a
+// verification row and a prompt row of the same token give the same K/V and logits bit for bit (greedy parity; the
+// prefix cache reusing generated tokens as they stand) -- is that every number is computed per pair and per key in
+// one fixed way: a key's score is its product chain over d, lane by lane, then one fixed tree over the lanes
+// (sum16 / sum8); the softmax runs over the pair's own scores; the output sums the pair's own keys in key order,
+// one FMA per key and column, then one multiply by 1 / total. Which rows, heads and keys share a block decides
+// only which loads are shared. (tests/test_cpu_ops.py checks rows alone against rows in blocks, and trees.)
 using specdec::vexp;
 using specdec::vload;
 using specdec::vstore;
+namespace v2 = specdec::avx2;
 
 // s[0..nkeys) <- exp(s - max s), in place; returns their sum (the softmax's denominator).
 SPECDEC_AVX512F inline float softmax_avx512(float* s, int64_t nkeys) {
@@ -81,210 +101,341 @@ SPECDEC_AVX512F inline float softmax_avx512(float* s, int64_t nkeys) {
     return _mm512_reduce_add_ps(vsum);
 }
 
-template <typename B>   // B: float or uint16_t (bf16 bits); d a multiple of 16, at most 256
-SPECDEC_AVX512F void attend_avx512(const B* q, const B* kc, const B* vc, int64_t d, int64_t nkeys, KeySlots slot,
-                                   float scale, float* s, B* out) {
-    const int nv = int(d / 16);
-    __m512 qv[16];
-    for (int i = 0; i < nv; ++i) qv[i] = vload(q + 16 * i);
-    for (int64_t j = 0; j < nkeys; ++j) {
-        const B* kj = kc + slot(j) * d;
-        __m512 acc = _mm512_mul_ps(qv[0], vload(kj));
-        for (int i = 1; i < nv; ++i) acc = _mm512_fmadd_ps(qv[i], vload(kj + 16 * i), acc);
-        s[j] = _mm512_reduce_add_ps(acc) * scale;
+// Sixteen keys' scores at once: a[j] holds key j's 16 lane partials; lane j of the result is their sum by one tree
+// for every key (quarters 0+2 and 1+3, then the two; then elements 0+2 and 1+3 of that, then the two), so a key's
+// score does not depend on the keys beside it in the block.
+SPECDEC_AVX512F inline __m512 sum16(const float* a) {
+    __m512 b[8], c[4], e[2];
+    for (int i = 0; i < 8; ++i) {
+        const __m512 x = _mm512_loadu_ps(a + 32 * i), y = _mm512_loadu_ps(a + 32 * i + 16);
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / softmax_avx512(s, nkeys));
-    __m512 o[16];
-    for (int i = 0; i < nv; ++i) o[i] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < nkeys; ++j) {
-        const __m512 e = _mm512_set1_ps(s[j]);
-        const B* vj = vc + slot(j) * d;
-        for (int i = 0; i < nv; ++i) o[i] = _mm512_fmadd_ps(e, vload(vj + 16 * i), o[i]);
+    for (int i = 0; i < 4; ++i) {   // quarter k of c[i]: key 4i + k's four partial sums
+        const __m512 x = b[2 * i], y = b[2 * i + 1];
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
     }
-    for (int i = 0; i < nv; ++i) vstore(out + 16 * i, _mm512_mul_ps(o[i], inv));
+    for (int i = 0; i < 2; ++i) {
+        const __m512 x = c[2 * i], y = c[2 * i + 1];
+        e[i] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+    }
+    const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x44), _mm512_shuffle_ps(e[0], e[1], 0xEE));
+    // lane 4k + m of f is key 4m + k
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), f);
 }
 
-// The query heads of one KV group (G of them) attend together: each key and value row is read once for all G
-// instead of once per head, which is what a verification row costs at long context (the cache of a layer no
-// longer fits the inner caches, and one row per head read it 6x for Qwen2.5's 12/2 heads). Per head the
-// arithmetic is attend_avx512's, op for op and in the same order (the score chain over d, its horizontal sum,
-// the softmax, the value sums key by key per column), so a head's result has the same bits either way.
-template <typename B, int G, int C>   // C: columns of 16 accumulated per pass over the values (G * C registers)
-SPECDEC_AVX512F void weighted_values_heads(const B* vc, int64_t d, int64_t nkeys, KeySlots slot, const float* s,
-                                           const float* inv, B* out, int64_t out_stride) {
-    const int nv = int(d / 16);
-    for (int c0 = 0; c0 < nv; c0 += C) {
-        __m512 o[G][C];
-        for (int g = 0; g < G; ++g)
-            for (int c = 0; c < C; ++c) o[g][c] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < nkeys; ++j) {
-            const B* vj = vc + slot(j) * d + 16 * c0;
-            __m512 vv[C];
-            for (int c = 0; c < C; ++c) vv[c] = vload(vj + 16 * c);
-            for (int g = 0; g < G; ++g) {
-                const __m512 e = _mm512_set1_ps(s[g * nkeys + j]);
-                for (int c = 0; c < C; ++c) o[g][c] = _mm512_fmadd_ps(e, vv[c], o[g][c]);
+// The AVX-512 kernels: 16 lanes, 16 keys a score block.
+struct Avx512 {
+    static constexpr int kLanes = 16;
+
+    // s[p] + j0 .. + nk <- scale * (q_p . k_j) for the keys (pointers; zero keys pad a short block) and np pairs
+    // (fp32 queries qf [np][d]); A: scratch of 16 * 16 * np floats.
+    SPECDEC_AVX512F static void scores(const float* qf, int np, const float* const* keys, int nk, int64_t d,
+                                       float scale, float* const* s, int64_t j0, float* A) {
+        const int nv = int(d / 16);
+        for (int j = 0; j < 16; ++j) {
+            __m512 kv[16];
+            for (int i = 0; i < nv; ++i) kv[i] = _mm512_loadu_ps(keys[j] + 16 * i);
+            for (int p = 0; p < np; ++p) {
+                const float* q = qf + p * d;
+                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), kv[0]);
+                for (int i = 1; i < nv; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * i), kv[i], acc);
+                _mm512_storeu_ps(A + (p * 16 + j) * 16, acc);
             }
         }
-        for (int g = 0; g < G; ++g)
-            for (int c = 0; c < C; ++c)
-                vstore(out + g * out_stride + 16 * (c0 + c), _mm512_mul_ps(o[g][c], _mm512_set1_ps(inv[g])));
+        const __mmask16 keep = __mmask16((1u << nk) - 1);
+        const __m512 vscale = _mm512_set1_ps(scale);
+        for (int p = 0; p < np; ++p)
+            _mm512_mask_storeu_ps(s[p] + j0, keep, _mm512_mul_ps(sum16(A + p * 256), vscale));
     }
+
+    template <int PB, int C>   // PB pairs, C vectors of columns from c0
+    SPECDEC_AVX512F static void value_block(const float* const* vrows, int64_t j0, int64_t j1, const float* const* e,
+                                            float* const* o, int c0) {
+        __m512 acc[PB][C];
+        for (int p = 0; p < PB; ++p)
+            for (int c = 0; c < C; ++c) acc[p][c] = _mm512_loadu_ps(o[p] + 16 * (c0 + c));
+        for (int64_t j = j0; j < j1; ++j) {
+            const float* vj = vrows[j - j0] + 16 * c0;
+            __m512 vv[C];
+            for (int c = 0; c < C; ++c) vv[c] = _mm512_loadu_ps(vj + 16 * c);
+            for (int p = 0; p < PB; ++p) {
+                const __m512 w = _mm512_set1_ps(e[p][j]);
+                for (int c = 0; c < C; ++c) acc[p][c] = _mm512_fmadd_ps(w, vv[c], acc[p][c]);
+            }
+        }
+        for (int p = 0; p < PB; ++p)
+            for (int c = 0; c < C; ++c) _mm512_storeu_ps(o[p] + 16 * (c0 + c), acc[p][c]);
+    }
+
+    // o[p] += sum over keys j in [j0, j1) of e[p][j] v_j, key by key (o: fp32 [np][d], carried between calls;
+    // vrows[j - j0]: value row j in fp32)
+    SPECDEC_AVX512F static void values(const float* const* vrows, int64_t d, int64_t j0, int64_t j1,
+                                       const float* const* e, float* const* o, int np) {
+        const int nv = int(d / 16);
+        for (int p0 = 0; p0 < np; p0 += 6)
+            for (int c0 = 0; c0 < nv; c0 += 4) {
+                if (nv - c0 < 4) {   // d not a multiple of 64: a column vector at a time
+                    for (int c = c0; c < nv; ++c)
+                        for (int p = p0; p < std::min(np, p0 + 6); ++p)
+                            value_block<1, 1>(vrows, j0, j1, e + p, o + p, c);
+                    continue;
+                }
+                switch (std::min(6, np - p0)) {
+                    case 6: value_block<6, 4>(vrows, j0, j1, e + p0, o + p0, c0); break;
+                    case 5: value_block<5, 4>(vrows, j0, j1, e + p0, o + p0, c0); break;
+                    case 4: value_block<4, 4>(vrows, j0, j1, e + p0, o + p0, c0); break;
+                    case 3: value_block<3, 4>(vrows, j0, j1, e + p0, o + p0, c0); break;
+                    case 2: value_block<2, 4>(vrows, j0, j1, e + p0, o + p0, c0); break;
+                    default: value_block<1, 4>(vrows, j0, j1, e + p0, o + p0, c0); break;
+                }
+            }
+    }
+
+    SPECDEC_AVX512F static float softmax(float* s, int64_t n) { return softmax_avx512(s, n); }
+
+    template <typename B>   // dst = o * inv, rounded to B
+    SPECDEC_AVX512F static void store(const float* o, float inv, int64_t d, B* dst) {
+        const __m512 v = _mm512_set1_ps(inv);
+        for (int64_t i = 0; i < d; i += 16) vstore(dst + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), v));
+    }
+
+    template <typename B>   // d values to fp32
+    SPECDEC_AVX512F static void to_f32(const B* x, int64_t d, float* out) {
+        for (int64_t i = 0; i < d; i += 16) _mm512_storeu_ps(out + i, vload(x + i));
+    }
+};
+
+// Eight keys' scores at once: a[j] (8 floats) holds key j's lane partials; lane j of the result is their sum by one
+// tree (in each 128-bit half elements 0+2 and 1+3, then the two; then the halves).
+SPECDEC_AVX2F inline __m256 sum8(const float* a) {
+    __m256 t[4], u[2];
+    for (int i = 0; i < 4; ++i) {
+        const __m256 x = _mm256_loadu_ps(a + 16 * i), y = _mm256_loadu_ps(a + 16 * i + 8);
+        t[i] = _mm256_add_ps(_mm256_unpacklo_ps(x, y), _mm256_unpackhi_ps(x, y));
+    }
+    for (int i = 0; i < 2; ++i) {   // half h of u[i]: keys 4i .. 4i + 3, their half-h sums
+        const __m256 x = t[2 * i], y = t[2 * i + 1];
+        u[i] = _mm256_add_ps(_mm256_shuffle_ps(x, y, 0x44), _mm256_shuffle_ps(x, y, 0xEE));
+    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
 }
 
-template <typename B, int G>   // q: G heads, head h at q + h * q_stride; out likewise; s: G * nkeys floats
-SPECDEC_AVX512F void attend_heads_avx512(const B* q, int64_t q_stride, const B* kc, const B* vc, int64_t d,
-                                         int64_t nkeys, KeySlots slot, float scale, float* s, B* out,
-                                         int64_t out_stride) {
-    const int nv = int(d / 16);
-    alignas(64) float qf[G][256];
-    for (int g = 0; g < G; ++g)
-        for (int i = 0; i < nv; ++i) _mm512_store_ps(qf[g] + 16 * i, vload(q + g * q_stride + 16 * i));
-    for (int64_t j = 0; j < nkeys; ++j) {
-        const B* kj = kc + slot(j) * d;
-        __m512 acc[G];
-        const __m512 k0 = vload(kj);
-        for (int g = 0; g < G; ++g) acc[g] = _mm512_mul_ps(_mm512_load_ps(qf[g]), k0);
+// The AVX2 + FMA kernels: 8 lanes, 8 keys a score block, 16 registers (hence the smaller register blocks).
+struct Avx2 {
+    static constexpr int kLanes = 8;
+
+    template <int NP>   // NP pairs x 4 keys of chains, kept in registers
+    SPECDEC_AVX2F static void chains(const float* qf, const float* const* keys, int64_t d, float* A) {
+        const int nv = int(d / 8);
+        __m256 acc[NP][4];
+        for (int p = 0; p < NP; ++p) {
+            const __m256 q0 = _mm256_loadu_ps(qf + p * d);
+            for (int j = 0; j < 4; ++j) acc[p][j] = _mm256_mul_ps(q0, _mm256_loadu_ps(keys[j]));
+        }
         for (int i = 1; i < nv; ++i) {
-            const __m512 ki = vload(kj + 16 * i);
-            for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_load_ps(qf[g] + 16 * i), ki, acc[g]);
+            __m256 qi[NP];
+            for (int p = 0; p < NP; ++p) qi[p] = _mm256_loadu_ps(qf + p * d + 8 * i);
+            for (int j = 0; j < 4; ++j) {
+                const __m256 k = _mm256_loadu_ps(keys[j] + 8 * i);
+                for (int p = 0; p < NP; ++p) acc[p][j] = _mm256_fmadd_ps(qi[p], k, acc[p][j]);
+            }
         }
-        for (int g = 0; g < G; ++g) s[g * nkeys + j] = _mm512_reduce_add_ps(acc[g]) * scale;
+        for (int p = 0; p < NP; ++p)
+            for (int j = 0; j < 4; ++j) _mm256_storeu_ps(A + (p * 8 + j) * 8, acc[p][j]);
     }
-    float inv[G];
-    for (int g = 0; g < G; ++g) inv[g] = 1.0f / softmax_avx512(s + g * nkeys, nkeys);
-    if (nv % 4 == 0 && G <= 6)
-        weighted_values_heads<B, G, 4>(vc, d, nkeys, slot, s, inv, out, out_stride);
-    else if (nv % 2 == 0)
-        weighted_values_heads<B, G, 2>(vc, d, nkeys, slot, s, inv, out, out_stride);
-    else
-        weighted_values_heads<B, G, 1>(vc, d, nkeys, slot, s, inv, out, out_stride);
-}
 
-template <typename B>
-SPECDEC_AVX512F void attend_heads(int nh, const B* q, int64_t q_stride, const B* kc, const B* vc, int64_t d,
-                                  int64_t nkeys, KeySlots slot, float scale, float* s, B* out, int64_t out_stride) {
-    switch (nh) {
-        case 1: attend_heads_avx512<B, 1>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
-        case 2: attend_heads_avx512<B, 2>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
-        case 3: attend_heads_avx512<B, 3>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
-        case 4: attend_heads_avx512<B, 4>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
-        case 5: attend_heads_avx512<B, 5>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
-        case 6: attend_heads_avx512<B, 6>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
-        case 7: attend_heads_avx512<B, 7>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
-        default: attend_heads_avx512<B, 8>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
-    }
-}
-
-namespace v2 = specdec::avx2;
-
-// The same over 8 lanes (AVX2 + FMA). Each key's score is one product chain over d in order, then a fixed
-// horizontal sum, whether it is computed among four keys or alone; the output is accumulated over keys in order,
-// C registers (8 C values of d) at a time.
-template <typename B>
-SPECDEC_AVX2F inline float score_avx2(const float* qf, const B* kj, int nv) {
-    __m256 acc = _mm256_mul_ps(_mm256_load_ps(qf), v2::vload(kj));
-    for (int i = 1; i < nv; ++i) acc = _mm256_fmadd_ps(_mm256_load_ps(qf + 8 * i), v2::vload(kj + 8 * i), acc);
-    return v2::hsum(acc);
-}
-
-template <typename B, int C>   // out[8c0 .. 8(c0 + C)) = sum_j s[j] v_j / total
-SPECDEC_AVX2F void weighted_values_avx2(const B* vc, int64_t d, int64_t nkeys, KeySlots slot, const float* s,
-                                        __m256 inv, int c0, B* out) {
-    __m256 o[C];
-    for (int i = 0; i < C; ++i) o[i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < nkeys; ++j) {
-        const __m256 e = _mm256_set1_ps(s[j]);
-        const B* vj = vc + slot(j) * d + 8 * c0;
-#pragma GCC unroll 8
-        for (int i = 0; i < C; ++i) o[i] = _mm256_fmadd_ps(e, v2::vload(vj + 8 * i), o[i]);
-    }
-    for (int i = 0; i < C; ++i) v2::vstore(out + 8 * (c0 + i), _mm256_mul_ps(o[i], inv));
-}
-
-template <typename B>   // B: float or uint16_t (bf16 bits); d a multiple of 8, at most 256
-SPECDEC_AVX2F void attend_avx2(const B* q, const B* kc, const B* vc, int64_t d, int64_t nkeys, KeySlots slot,
-                               float scale, float* s, B* out) {
-    const int nv = int(d / 8);
-    alignas(32) float qf[256];
-    for (int i = 0; i < nv; ++i) _mm256_store_ps(qf + 8 * i, v2::vload(q + 8 * i));
-    int64_t j = 0;
-    for (; j + 4 <= nkeys; j += 4) {   // four independent chains in flight
-        const B *k0 = kc + slot(j) * d, *k1 = kc + slot(j + 1) * d, *k2 = kc + slot(j + 2) * d, *k3 = kc + slot(j + 3) * d;
-        __m256 a0 = _mm256_mul_ps(_mm256_load_ps(qf), v2::vload(k0)), a1 = _mm256_mul_ps(_mm256_load_ps(qf), v2::vload(k1));
-        __m256 a2 = _mm256_mul_ps(_mm256_load_ps(qf), v2::vload(k2)), a3 = _mm256_mul_ps(_mm256_load_ps(qf), v2::vload(k3));
-        for (int i = 1; i < nv; ++i) {
-            const __m256 qi = _mm256_load_ps(qf + 8 * i);
-            a0 = _mm256_fmadd_ps(qi, v2::vload(k0 + 8 * i), a0);
-            a1 = _mm256_fmadd_ps(qi, v2::vload(k1 + 8 * i), a1);
-            a2 = _mm256_fmadd_ps(qi, v2::vload(k2 + 8 * i), a2);
-            a3 = _mm256_fmadd_ps(qi, v2::vload(k3 + 8 * i), a3);
-        }
-        s[j] = v2::hsum(a0) * scale, s[j + 1] = v2::hsum(a1) * scale, s[j + 2] = v2::hsum(a2) * scale, s[j + 3] = v2::hsum(a3) * scale;
-    }
-    for (; j < nkeys; ++j) s[j] = score_avx2(qf, kc + slot(j) * d, nv) * scale;
-    float m = -INFINITY;
-    for (j = 0; j < nkeys; ++j) m = std::max(m, s[j]);
-    const __m256 vm = _mm256_set1_ps(m);
-    __m256 vsum = _mm256_setzero_ps();
-    for (j = 0; j + 8 <= nkeys; j += 8) {
-        const __m256 e = v2::vexp(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
-        _mm256_storeu_ps(s + j, e);
-        vsum = _mm256_add_ps(vsum, e);
-    }
-    if (j < nkeys) {   // the tail through a buffer padded with -inf (e^-inf = 0)
-        alignas(32) float t[8];
-        for (int i = 0; i < 8; ++i) t[i] = j + i < nkeys ? s[j + i] : -INFINITY;
-        const __m256 e = v2::vexp(_mm256_sub_ps(_mm256_load_ps(t), vm));
-        _mm256_store_ps(t, e);
-        for (int i = 0; j + i < nkeys; ++i) s[j + i] = t[i];
-        vsum = _mm256_add_ps(vsum, e);
-    }
-    const __m256 inv = _mm256_set1_ps(1.0f / v2::hsum(vsum));
-    for (int c0 = 0; c0 < nv; c0 += 8) {
-        switch (std::min(8, nv - c0)) {
-            case 8: weighted_values_avx2<B, 8>(vc, d, nkeys, slot, s, inv, c0, out); break;
-            case 7: weighted_values_avx2<B, 7>(vc, d, nkeys, slot, s, inv, c0, out); break;
-            case 6: weighted_values_avx2<B, 6>(vc, d, nkeys, slot, s, inv, c0, out); break;
-            case 5: weighted_values_avx2<B, 5>(vc, d, nkeys, slot, s, inv, c0, out); break;
-            case 4: weighted_values_avx2<B, 4>(vc, d, nkeys, slot, s, inv, c0, out); break;
-            case 3: weighted_values_avx2<B, 3>(vc, d, nkeys, slot, s, inv, c0, out); break;
-            case 2: weighted_values_avx2<B, 2>(vc, d, nkeys, slot, s, inv, c0, out); break;
-            default: weighted_values_avx2<B, 1>(vc, d, nkeys, slot, s, inv, c0, out); break;
+    SPECDEC_AVX2F static void scores(const float* qf, int np, const float* const* keys, int nk, int64_t d,
+                                     float scale, float* const* s, int64_t j0, float* A) {
+        for (int p = 0; p < np; p += 2)
+            for (int j = 0; j < 8; j += 4) {
+                if (np - p >= 2) chains<2>(qf + p * d, keys + j, d, A + (p * 8 + j) * 8);
+                else chains<1>(qf + p * d, keys + j, d, A + (p * 8 + j) * 8);
+            }
+        const __m256 vscale = _mm256_set1_ps(scale);
+        alignas(32) float r[8];
+        for (int p = 0; p < np; ++p) {
+            _mm256_store_ps(r, _mm256_mul_ps(sum8(A + p * 64), vscale));
+            std::memcpy(s[p] + j0, r, sizeof(float) * nk);
         }
     }
+
+    template <int PB, int C>
+    SPECDEC_AVX2F static void value_block(const float* const* vrows, int64_t j0, int64_t j1, const float* const* e,
+                                          float* const* o, int c0) {
+        __m256 acc[PB][C];
+        for (int p = 0; p < PB; ++p)
+            for (int c = 0; c < C; ++c) acc[p][c] = _mm256_loadu_ps(o[p] + 8 * (c0 + c));
+        for (int64_t j = j0; j < j1; ++j) {
+            const float* vj = vrows[j - j0] + 8 * c0;
+            __m256 vv[C];
+            for (int c = 0; c < C; ++c) vv[c] = _mm256_loadu_ps(vj + 8 * c);
+            for (int p = 0; p < PB; ++p) {
+                const __m256 w = _mm256_set1_ps(e[p][j]);
+                for (int c = 0; c < C; ++c) acc[p][c] = _mm256_fmadd_ps(w, vv[c], acc[p][c]);
+            }
+        }
+        for (int p = 0; p < PB; ++p)
+            for (int c = 0; c < C; ++c) _mm256_storeu_ps(o[p] + 8 * (c0 + c), acc[p][c]);
+    }
+
+    SPECDEC_AVX2F static void values(const float* const* vrows, int64_t d, int64_t j0, int64_t j1,
+                                     const float* const* e, float* const* o, int np) {
+        const int nv = int(d / 8);
+        for (int p0 = 0; p0 < np; p0 += 4)
+            for (int c0 = 0; c0 < nv; c0 += 2) {
+                if (nv - c0 < 2) {
+                    for (int p = p0; p < std::min(np, p0 + 4); ++p)
+                        value_block<1, 1>(vrows, j0, j1, e + p, o + p, c0);
+                    continue;
+                }
+                switch (std::min(4, np - p0)) {
+                    case 4: value_block<4, 2>(vrows, j0, j1, e + p0, o + p0, c0); break;
+                    case 3: value_block<3, 2>(vrows, j0, j1, e + p0, o + p0, c0); break;
+                    case 2: value_block<2, 2>(vrows, j0, j1, e + p0, o + p0, c0); break;
+                    default: value_block<1, 2>(vrows, j0, j1, e + p0, o + p0, c0); break;
+                }
+            }
+    }
+
+    SPECDEC_AVX2F static float softmax(float* s, int64_t n) {
+        float m = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+        const __m256 vm = _mm256_set1_ps(m);
+        __m256 vsum = _mm256_setzero_ps();
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            const __m256 e = v2::vexp(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+            _mm256_storeu_ps(s + j, e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        if (j < n) {   // the tail through a buffer padded with -inf (e^-inf = 0)
+            alignas(32) float t[8];
+            for (int i = 0; i < 8; ++i) t[i] = j + i < n ? s[j + i] : -INFINITY;
+            const __m256 e = v2::vexp(_mm256_sub_ps(_mm256_load_ps(t), vm));
+            _mm256_store_ps(t, e);
+            for (int i = 0; j + i < n; ++i) s[j + i] = t[i];
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        return v2::hsum(vsum);
+    }
+
+    template <typename B>
+    SPECDEC_AVX2F static void store(const float* o, float inv, int64_t d, B* dst) {
+        const __m256 v = _mm256_set1_ps(inv);
+        for (int64_t i = 0; i < d; i += 8) v2::vstore(dst + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), v));
+    }
+
+    template <typename B>
+    SPECDEC_AVX2F static void to_f32(const B* x, int64_t d, float* out) {
+        for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(out + i, v2::vload(x + i));
+    }
+};
+
+// Scratch of one thread, grown as needed.
+struct RowsScratch {
+    std::vector<float> qf, s, o, A, kf, vf, zero;
+};
+
+// Keys or values j0 .. j0 + n of a row (slots `slot`) as fp32 row pointers: into the cache when it holds fp32, else
+// converted once into buf, where every pair of the task reads them.
+template <typename K, typename B>
+void rows_f32(const B* cache, int64_t d, KeySlots slot, int64_t j0, int n, float* buf, const float** ptrs) {
+    for (int j = 0; j < n; ++j) {
+        const B* src = cache + slot(j0 + j) * d;
+        if constexpr (std::is_same_v<B, float>) {
+            ptrs[j] = src;
+        } else {
+            K::to_f32(src, d, buf + j * d);
+            ptrs[j] = buf + j * d;
+        }
+    }
+}
+
+// rows[0 .. nrows) of one sequence, query heads 0 .. nh - 1 of q / out (one KV group, caches kc / vc), on the
+// vector kernels K: scores of the keys every row has (the prefix they share, a block of 16 or 8 keys at a time) for
+// every pair, then each row's own keys for its pairs; the softmax per pair; the values of the shared keys a chunk
+// at a time for every pair, then each row's own keys.
+template <typename K, typename B>
+void attend_rows(const RowKeys* rows, int nrows, int nh, const B* q, int64_t qs0, int64_t qs1, const B* kc,
+                 const B* vc, int64_t d, float scale, B* out, int64_t os0, RowsScratch& w) {
+    constexpr int L = K::kLanes;
+    constexpr int64_t kChunk = 32;                 // value rows converted at a time (16 KB at d = 128: L1)
+    const int np = nrows * nh;
+    int64_t shared = rows[0].nkeys, most = 0;      // keys every row has at the same slots; the longest row
+    for (int r = 0; r < nrows; ++r) {
+        shared = std::min(shared, std::min(rows[r].slots.nprefix, rows[r].nkeys));
+        most = std::max(most, rows[r].nkeys);
+    }
+    const int64_t stride = most + L;
+    w.qf.resize(size_t(np) * d);
+    w.o.assign(size_t(np) * d, 0.f);
+    if (int64_t(w.s.size()) < np * stride) w.s.resize(size_t(np * stride));
+    w.A.resize(size_t(L * L) * np);
+    w.kf.resize(size_t(L) * d);
+    w.vf.resize(size_t(kChunk) * d);
+    w.zero.assign(size_t(d), 0.f);                 // the key that pads a short score block
+    std::vector<float*> s(np), o(np);
+    for (int r = 0, p = 0; r < nrows; ++r)
+        for (int h = 0; h < nh; ++h, ++p) {
+            K::to_f32(q + rows[r].row * qs0 + h * qs1, d, w.qf.data() + p * d);
+            s[p] = w.s.data() + p * stride;
+            o[p] = w.o.data() + p * d;
+        }
+    const KeySlots direct{INT64_MAX, nullptr};
+    const float* ptrs[kChunk];
+    auto score_keys = [&](KeySlots slot, int64_t j0, int64_t j1, int first_pair, int pairs) {
+        for (; j0 < j1; j0 += L) {
+            const int nk = int(std::min<int64_t>(L, j1 - j0));
+            rows_f32<K, B>(kc, d, slot, j0, nk, w.kf.data(), ptrs);
+            for (int j = nk; j < L; ++j) ptrs[j] = w.zero.data();
+            K::scores(w.qf.data() + first_pair * d, pairs, ptrs, nk, d, scale, s.data() + first_pair, j0, w.A.data());
+        }
+    };
+    auto value_keys = [&](KeySlots slot, int64_t j0, int64_t j1, int first_pair, int pairs) {
+        for (; j0 < j1; j0 += kChunk) {
+            const int n = int(std::min<int64_t>(kChunk, j1 - j0));
+            rows_f32<K, B>(vc, d, slot, j0, n, w.vf.data(), ptrs);
+            K::values(ptrs, d, j0, j0 + n, s.data() + first_pair, o.data() + first_pair, pairs);
+        }
+    };
+    score_keys(direct, 0, shared, 0, np);
+    for (int r = 0; r < nrows; ++r) score_keys(rows[r].slots, shared, rows[r].nkeys, r * nh, nh);
+    std::vector<float> inv(np);
+    for (int r = 0, p = 0; r < nrows; ++r)
+        for (int h = 0; h < nh; ++h, ++p) inv[p] = 1.0f / K::softmax(s[p], rows[r].nkeys);
+    value_keys(direct, 0, shared, 0, np);
+    for (int r = 0; r < nrows; ++r) value_keys(rows[r].slots, shared, rows[r].nkeys, r * nh, nh);
+    for (int r = 0, p = 0; r < nrows; ++r)
+        for (int h = 0; h < nh; ++h, ++p) K::store(o[p], inv[p], d, out + rows[r].row * os0 + h * d);
 }
 #endif
 
+// Rows of one sequence attend together in blocks of up to kRowBlock (the scores of a block: rows x heads x keys
+// floats per thread); a task is one block and the query heads of one KV group (or part of them).
+constexpr int64_t kRowBlock = 8;
+
 struct DecodeTask {
-    int64_t seq, row, pos, head;   // flat-batch row, its last key's index (its position), its first query head
-    int64_t nh;                    // query heads head .. head + nh - 1, all of one KV group
-    KeySlots slots;                // where its keys are
+    int64_t seq;           // its sequence
+    int64_t first, nrows;  // its rows: row_keys[first .. first + nrows)
+    int64_t head, nh;      // query heads head .. head + nh - 1, all of one KV group
 };
 
-// Query heads per task: a whole KV group (at most 8, the grouped kernel's widest), split further only while the
-// tasks are fewer than the threads.
-int64_t heads_per_task(int64_t decode_rows, int64_t hq, int64_t hkv) {
+// Query heads per task: a whole KV group (at most 8), split further only while the tasks are fewer than the
+// threads.
+int64_t heads_per_task(int64_t blocks, int64_t hq, int64_t hkv) {
     const int64_t group = hq / hkv, threads = at::get_num_threads();
     int64_t per = std::min<int64_t>(group, 8);
-    while (per > 1 && decode_rows * hkv * ((group + per - 1) / per) < threads) per = (per + 1) / 2;
+    while (per > 1 && blocks * hkv * ((group + per - 1) / per) < threads) per = (per + 1) / 2;
     return per;
 }
 
-void push_tasks(std::vector<DecodeTask>& tasks, int64_t seq, int64_t row, int64_t pos, KeySlots slots, int64_t hq,
-                int64_t hkv, int64_t per) {
-    const int64_t group = hq / hkv;
-    for (int64_t g = 0; g < hkv; ++g)
-        for (int64_t h = g * group; h < (g + 1) * group; h += per)
-            tasks.push_back({seq, row, pos, h, std::min(per, (g + 1) * group - h), slots});
-}
-
-// Every (row, KV group's heads) of the decode runs, split over threads; each task reads its sequence's cache of
-// this layer once for its heads.
+// Every (row block, KV group's heads) of the decode runs, split over threads; each task reads its sequence's cache
+// of this layer once for its rows and heads. The AVX2 and scalar paths attend row by row and head by head.
 template <typename T, typename B>
 void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vector<DecodeTask>& tasks,
-                      const std::vector<const T*>& kbase, const std::vector<const T*>& vbase,
-                      const std::vector<int64_t>& caps, int64_t hq, int64_t hkv, int64_t d, int64_t impl) {
+                      const std::vector<RowKeys>& row_keys, const std::vector<const T*>& kbase,
+                      const std::vector<const T*>& vbase, const std::vector<int64_t>& caps, int64_t hq, int64_t hkv,
+                      int64_t d, int64_t impl) {
     const T* qp = q.data_ptr<T>();
     T* op = out.data_ptr<T>();
     const int64_t qs0 = q.stride(0), qs1 = q.stride(1), group = hq / hkv;
@@ -292,32 +443,30 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
     const int path = specdec::ops_path(impl, d % 16 == 0 && d <= 256, d % 8 == 0 && d <= 256, "ragged_attention");
     at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
         std::vector<float> scratch;
+#ifdef SPECDEC_HAVE_AVX512
+        RowsScratch rows_scratch;
+#endif
         for (int64_t t = t0; t < t1; ++t) {
             const DecodeTask& task = tasks[t];
-            const int64_t g = task.head / group, cap = caps[task.seq], nkeys = task.pos + 1;
-            if (int64_t(scratch.size()) < task.nh * nkeys) scratch.resize(task.nh * nkeys + 256);
+            const int64_t g = task.head / group, cap = caps[task.seq];
             const T* kc = kbase[task.seq] + g * cap * d;
             const T* vc = vbase[task.seq] + g * cap * d;
 #ifdef SPECDEC_HAVE_AVX512
-            if (path == specdec::kOpsAvx512) {
-                attend_heads<B>(int(task.nh), reinterpret_cast<const B*>(qp + task.row * qs0 + task.head * qs1), qs1,
-                                reinterpret_cast<const B*>(kc), reinterpret_cast<const B*>(vc), d, nkeys, task.slots,
-                                scale, scratch.data(), reinterpret_cast<B*>(op + task.row * hq * d + task.head * d), d);
+            if (path == specdec::kOpsAvx512 || path == specdec::kOpsAvx2) {
+                auto* run = path == specdec::kOpsAvx512 ? &attend_rows<Avx512, B> : &attend_rows<Avx2, B>;
+                run(row_keys.data() + task.first, int(task.nrows), int(task.nh),
+                    reinterpret_cast<const B*>(qp + task.head * qs1), qs0, qs1, reinterpret_cast<const B*>(kc),
+                    reinterpret_cast<const B*>(vc), d, scale, reinterpret_cast<B*>(op + task.head * d), hq * d,
+                    rows_scratch);
                 continue;
             }
 #endif
-            for (int64_t h = task.head; h < task.head + task.nh; ++h) {
-                const T* qh = qp + task.row * qs0 + h * qs1;
-                T* o = op + task.row * hq * d + h * d;
-#ifdef SPECDEC_HAVE_AVX512
-                if (path == specdec::kOpsAvx2) {
-                    attend_avx2<B>(reinterpret_cast<const B*>(qh), reinterpret_cast<const B*>(kc),
-                                   reinterpret_cast<const B*>(vc), d, nkeys, task.slots, scale, scratch.data(),
-                                   reinterpret_cast<B*>(o));
-                    continue;
-                }
-#endif
-                attend_scalar<T>(qh, kc, vc, d, nkeys, task.slots, scale, scratch.data(), o);
+            for (int64_t r = task.first; r < task.first + task.nrows; ++r) {
+                const RowKeys& rk = row_keys[r];
+                if (int64_t(scratch.size()) < rk.nkeys) scratch.resize(rk.nkeys + 256);
+                for (int64_t h = task.head; h < task.head + task.nh; ++h)
+                    attend_scalar<T>(qp + rk.row * qs0 + h * qs1, kc, vc, d, rk.nkeys, rk.slots, scale, scratch.data(),
+                                     op + rk.row * hq * d + h * d);
             }
         }
     });
@@ -363,12 +512,10 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
     auto out = torch::empty({n, hq * d}, q.options());
     std::vector<int64_t> first_row(nseq);
     for (size_t i = 0, acc = 0; i < nseq; acc += counts[i], ++i) first_row[i] = int64_t(acc);
-    std::vector<DecodeTask> tasks;
+    std::vector<RowKeys> row_keys;                 // the decode runs' rows, run by run
+    std::vector<std::array<int64_t, 3>> blocks;    // (sequence, first, rows) of up to kRowBlock rows of one run
     const int64_t hkv = k.size(1);
     TORCH_CHECK(hkv >= 1 && hq % hkv == 0, "ragged_attention: query heads must be a multiple of KV heads");
-    int64_t decode_rows = 0;
-    for (size_t r = 0; r < nrun; ++r) decode_rows += run_decode[r] ? run_rows[r] : 0;
-    const int64_t per = heads_per_task(decode_rows, hq, hkv);
     for (size_t r = 0; r < nrun; ++r) {
         const int64_t i = run_seq[r], r0 = run_row[r], t = run_rows[r], key_len = run_keys[r];
         TORCH_CHECK(i >= 0 && size_t(i) < nseq && r0 >= first_row[i] && t >= 1 && r0 + t <= first_row[i] + counts[i],
@@ -390,14 +537,16 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
                         ++len;
                     }
                     TORCH_CHECK(prefix >= 0 && prefix + len >= 1 && prefix <= cap, "ragged_attention: bad tree row");
-                    push_tasks(tasks, i, r0 + row, prefix + len - 1, KeySlots{prefix, path}, hq, hkv, per);
+                    row_keys.push_back({r0 + row, prefix + len, KeySlots{prefix, path}});
                 }
-                continue;
+            } else {
+                for (int64_t row = r0; row < r0 + t; ++row) {
+                    const int64_t pos = starts[i] + row - first_row[i];
+                    row_keys.push_back({row, pos + 1, KeySlots{pos + 1, nullptr}});
+                }
             }
-            for (int64_t row = r0; row < r0 + t; ++row) {
-                const int64_t pos = starts[i] + row - first_row[i];
-                push_tasks(tasks, i, row, pos, KeySlots{pos + 1, nullptr}, hq, hkv, per);
-            }
+            for (int64_t b = int64_t(row_keys.size()) - t; b < int64_t(row_keys.size()); b += kRowBlock)
+                blocks.push_back({int64_t(i), b, std::min(kRowBlock, int64_t(row_keys.size()) - b)});
             continue;
         }
         TORCH_CHECK(key_len <= kcs[i].size(1), "ragged_attention: cache too small");
@@ -418,6 +567,12 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
                                                   c10::nullopt, true);                     // [1, Hq, rows, D]
         out.narrow(0, r0, t).view({t, hq, d}).copy_(o.select(0, 0).narrow(1, 0, t).transpose(0, 1));
     }
+    std::vector<DecodeTask> tasks;
+    const int64_t per = heads_per_task(int64_t(blocks.size()), hq, hkv), group = hq / hkv;
+    for (const auto& b : blocks)
+        for (int64_t g = 0; g < hkv; ++g)
+            for (int64_t h = g * group; h < (g + 1) * group; h += per)
+                tasks.push_back({b[0], b[1], b[2], h, std::min(per, (g + 1) * group - h)});
     if (!tasks.empty()) {
         TORCH_CHECK(q.stride(2) == 1 && q.scalar_type() == kcs[0].scalar_type(), "ragged_attention: q must match the cache");
         std::vector<int64_t> caps(nseq);
@@ -433,7 +588,7 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
                 kb[i] = kcs[i].data_ptr<T>();
                 vb[i] = vcs[i].data_ptr<T>();
             }
-            decode_attention<T, B>(q, out, tasks, kb, vb, caps, hq, kcs[0].size(0), d, impl);
+            decode_attention<T, B>(q, out, tasks, row_keys, kb, vb, caps, hq, kcs[0].size(0), d, impl);
         });
     }
     return out;

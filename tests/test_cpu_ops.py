@@ -136,7 +136,7 @@ def test_ragged_attention_refuses_a_cache_too_small():
         cpu_ops.ragged_attention(q, k, k, causal_metadata([(kv, 0, 8)]), 0)
 
 
-def _decode_caches(dtype, cached, seed=30, layers=2, hkv=2, d=128, capacity=256):
+def _decode_caches(dtype, cached, seed=30, layers=2, hkv=2, d=128, capacity=384):
     kv = SeqKV(layers, hkv, d, dtype)
     kv.resize(capacity)
     kv.k[:, :, :cached] = _rand(layers, hkv, cached, d, dtype=dtype, seed=seed)
@@ -178,10 +178,11 @@ def test_decode_rows_match_aten_attention(dtype, d, path):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_rows_are_the_same_alone_or_verified_together(dtype, path):
-    """A one-token step at position p and row p of a 9-row verification give the same bits: the row attends over
-    exactly keys 0..p in the same order (no key padding, whatever the block boundaries)."""
-    hq, hkv, d, t = 12, 2, 128, 9
-    for cached in (5, 60, 63, 120):
+    """A one-token step at position p and row p of a 19-row verification (or prompt chunk) give the same bits: the
+    rows attend in blocks of 8 sharing each key's loads, but every row's scores, softmax and value sums are its own,
+    over exactly keys 0..p in the same order (csrc/attention.cpp's invariant), whatever the block boundaries."""
+    hq, hkv, d, t = 12, 2, 128, 19
+    for cached in (5, 60, 63, 120, 333):
         q, k, v = (_rand(t, h, d, dtype=dtype, seed=s + cached) for h, s in ((hq, 50), (hkv, 51), (hkv, 52)))
         kv = _decode_caches(dtype, cached)
         together = cpu_ops.ragged_attention(q, k, v, causal_metadata([(kv, cached, t, True)], 6, 64), 0, impl=path)
