@@ -25,7 +25,8 @@ from .policy.pools import SpeculationPolicy
 from .proposers.ngram import find_ngram_continuation
 from .sampling_params import SamplingParams
 
-COST_MODEL_REVISION = 10     # part of the cost-model cache key: 10 = V(n) and c also at a long context, 9 = heads
+COST_MODEL_REVISION = 11     # part of the cost-model cache key and of the file: 11 = V(n) and c by context buckets
+                             # (rows attending in blocks), 10 = also at a long context, 9 = heads
                              # timed after a target forward, as the engine runs them (8: int4 tiles of up to 9
                              # rows, 7: learned heads' costs, 6: kernel weights in 2 MB pages, 5: bf16 on
                              # specdec._C)
@@ -127,12 +128,12 @@ class LLM:
         return tuple(sorted((m for m in self.engine.proposers if get_method(m).auto_candidate),
                             key=lambda m: order.get(get_method(m).kind, 4)))
 
-    def row_cost(self, n: int) -> float:
-        """V(n): a target forward over n rows relative to one, from the cost model (measured once per machine and
-        cached; the policy's when it has one)."""
+    def row_cost(self, n: int, context: int = 0) -> float:
+        """V(n) after `context` tokens: a target forward over n rows relative to one, from the cost model (measured
+        once per machine and cached; the policy's when it has one)."""
         if self._rows is None:
             self._rows = self._policy.cost if self._policy is not None else self.cost_model(get_method(AUTO).default_k)
-        return self._rows.V(n)
+        return self._rows.at(context).V(n)
 
     def cost_model(self, k_max: int) -> CostModel:
         import hashlib
@@ -153,14 +154,16 @@ class LLM:
         path = cache_dir() / "cost_models" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if path.is_file():
             try:
-                return CostModel.from_dict(json.loads(path.read_text()))
-            except (ValueError, KeyError):
-                pass                                 # unreadable: measure again
+                saved = json.loads(path.read_text())
+                if saved.get("revision") == COST_MODEL_REVISION and saved.get("key") == key:
+                    return CostModel.from_dict(saved)
+            except (ValueError, KeyError, TypeError):
+                pass                                 # unreadable, or another version's: measure again
         cost = measure_cost_model(self.target.model, self.draft.model if self.draft else None,
                                   lambda ids: find_ngram_continuation(ids, k_max, self.speculative.prompt_lookup_max,
                                                                       self.speculative.prompt_lookup_min), k_max,
                                   max_rows=max_rows, heads={m: self.engine.proposers[m] for m in self.heads})
-        write_json_atomic(path, {**cost.to_dict(), "key": key})
+        write_json_atomic(path, {**cost.to_dict(), "key": key, "revision": COST_MODEL_REVISION})
         return cost
 
     # -- generation -------------------------------------------------------------------------------------------

@@ -309,29 +309,76 @@ def test_auto_runs_a_learned_head_with_parity(tiny_dirs, tmp_path, monkeypatch):
     assert (again.stats.method == "none") == (out.stats.acceptance_rate < 0.2)
 
 
-def test_cost_model_at_a_long_context_interpolates_and_round_trips():
+BUCKETS = [{"context": 2048, "verify": [1.0, 1.20, 1.35, 1.50], "draft_step": 0.40, "target_step_s": 0.07},
+           {"context": 4096, "verify": [1.0, 1.40, 1.60, 1.80], "draft_step": 0.50, "target_step_s": 0.08}]
+
+
+def test_cost_model_by_context_interpolates_between_buckets_and_round_trips():
     cm = CostModel(draft_step=0.30, verify=[1.0, 1.05, 1.10, 1.15, 1.20], verify_large=[[10, 1.5]], context=256,
-                   long_context=2048, verify_long=[1.0, 1.20, 1.35, 1.50], draft_step_long=0.40)
+                   target_step_s=0.06, by_context=list(reversed(BUCKETS)) + [{"context": 128, "verify": [1, 9]}])
+    assert cm.contexts() == [256, 2048, 4096]                     # sorted; a bucket below the short one dropped
     assert cm.at(100) is cm and cm.at(256) is cm
     long = cm.at(2048)
     assert long.verify[:4] == pytest.approx([1.0, 1.20, 1.35, 1.50]) and long.draft_step == pytest.approx(0.40)
     assert long.verify[4] == pytest.approx(1.50 + 0.05)          # past the long rows: the short context's growth
     mid = cm.at(1152)
     assert mid.verify[1] == pytest.approx(1.125) and mid.draft_step == pytest.approx(0.35)
-    far = cm.at(100_000)                                         # extrapolated to twice the span, no further
-    assert far.verify[1] == pytest.approx(1.35) and far.draft_step == pytest.approx(0.50)
+    assert mid.target_step_s == pytest.approx(0.065)
+    between = cm.at(3072)                                        # between the two long buckets
+    assert between.verify[1] == pytest.approx(1.30) and between.draft_step == pytest.approx(0.45)
+    far = cm.at(100_000)                          # along the last segment up to twice the longest context, no further
+    assert far.verify[1] == pytest.approx(1.80) and far.draft_step == pytest.approx(0.70)
     assert far.verify_large[0][1] > 1.5
     back = CostModel.from_dict(cm.to_dict())
-    assert back.at(2048).verify == long.verify and back.long_context == 2048
-    assert CostModel(draft_step=float("inf"), verify=[1.0, 1.1], long_context=2048,
-                     verify_long=[1.0, 1.3]).at(4096).draft_step == float("inf")
+    assert back.at(3072).verify == between.verify and back.contexts() == [256, 2048, 4096]
+    inf = CostModel(draft_step=float("inf"), verify=[1.0, 1.1],
+                    by_context=[{"context": 2048, "verify": [1.0, 1.3], "draft_step": float("inf"),
+                                 "target_step_s": 0}])
+    assert inf.at(4096).draft_step == float("inf")
+
+
+def test_measured_cost_model_has_a_bucket_per_context_the_window_holds(tmp_path):
+    """V(n) and c at each context bucket, measured on one cache a prefill extends; buckets past the model's
+    window are cut to it; V(1) = 1 at every context."""
+    from conftest import make_tiny_model
+
+    from specdec.models.loader import load_model
+    from specdec.policy import measure
+
+    big = make_tiny_model(tmp_path / "t", max_position_embeddings=1200)
+    target = load_model(str(big), dtype="float32", device="cpu", progress=False)
+    cost = measure.measure_cost_model(target.model, target.model, k_max=3, context=64, repeats=1,
+                                      contexts=(512, 1024, 4096))
+    assert cost.contexts() == [64, 512, 1024, 1200 - 3 - 4]
+    for b in cost.by_context:
+        assert len(b["verify"]) == 4 and b["verify"][0] == 1.0 and b["target_step_s"] > 0
+        assert 0 < b["draft_step"] < float("inf")                  # the draft (here the target itself) timed too
+    assert cost.at(800).context == 832                            # rounded up to 64 tokens, between two buckets
+
+
+def test_a_cost_model_file_of_another_version_is_measured_again(tiny_dirs, tmp_path, monkeypatch):
+    import json
+
+    from specdec import LLM
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    llm = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
+    llm.cost_model(3)
+    (path,) = (tmp_path / "cache" / "cost_models").glob("*.json")
+    saved = json.loads(path.read_text())
+    assert saved["revision"] == 11 and saved["verify"][0] == 1.0
+    saved.update(revision=10, verify=[7.0, 7.0, 7.0, 7.0])           # an older file at the same place
+    path.write_text(json.dumps(saved))
+    again = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False).cost_model(3)
+    assert again.verify[0] == 1.0 and json.loads(path.read_text())["revision"] == 11
 
 
 def test_choose_drafts_less_after_a_long_prompt():
     """The same acceptance pays at a short context and not at a long one, where each verified row and each draft
     step costs more relative to a plain step."""
     cm = CostModel(draft_step=0.30, verify=[1.0, 1.05, 1.09, 1.13, 1.17, 1.21, 1.25, 1.29, 1.33], context=256,
-                   long_context=2048, verify_long=[1.0, 1.18, 1.30, 1.42, 1.54, 1.66], draft_step_long=0.40)
+                   by_context=[{"context": 2048, "verify": [1.0, 1.18, 1.30, 1.42, 1.54, 1.66], "draft_step": 0.40,
+                                "target_step_s": 0.0}])
     short = choose(RequestFeatures(max_tokens=256, context=200), {"draft": 0.6}, cm, PolicyConfig(), ("draft",))
     long = choose(RequestFeatures(max_tokens=256, context=3000), {"draft": 0.6}, cm, PolicyConfig(), ("draft",))
     assert short.method == "draft" and short.k >= 1

@@ -14,6 +14,7 @@ the batch (see models/packed_linear.py and models/attn_metadata.py).
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +43,7 @@ READ_BACK = 16         # tokens before a prompt chunk handed to proposers that r
 class LLMEngine:
     def __init__(self, model, tokenizer, draft_model=None, scheduler: SchedulerConfig | None = None,
                  max_model_len: int | None = None, policy_factory: Callable[[], object] | None = None,
-                 heads: dict | None = None, row_cost: Callable[[int], float] | None = None,
+                 heads: dict | None = None, row_cost: Callable[..., float] | None = None,
                  enable_prefix_caching: bool = True):
         self.model = model
         self.tokenizer = tokenizer
@@ -62,8 +63,8 @@ class LLMEngine:
         # target's hidden states from the step's own forward
         self.proposers: dict[str, Proposer] = build_proposers(model, self.vocab_size, self.sched_cfg.max_total_tokens,
                                                               self.sched_cfg.max_num_batched_tokens, draft_model, heads)
-        # V(n), a target forward over n rows relative to one (the cost model's): sizes learned heads' token trees;
-        # None keeps num_speculative_tokens nodes
+        # row_cost(n, context=c): V(n) after c tokens, a target forward over n rows relative to one (the cost
+        # model's): sizes learned heads' token trees; None keeps num_speculative_tokens nodes
         self.row_cost = row_cost
         self._policy_factory = policy_factory
         self._policy = None
@@ -366,8 +367,10 @@ class LLMEngine:
 
     def _context(self, seq: Sequence, k: int) -> ProposalContext:
         sp = seq.spec
+        # a tree is sized by what its rows cost at this sequence's context
+        rows = functools.partial(self.row_cost, context=len(seq.token_ids)) if self.row_cost is not None else None
         return ProposalContext(seq.seq_id, seq.token_ids, seq.params, seq.generator, seq.constraint, sp.topk,
-                               min(sp.depth, k), self.row_cost, sp.prompt_lookup_max, sp.prompt_lookup_min, sp.pool,
+                               min(sp.depth, k), rows, sp.prompt_lookup_max, sp.prompt_lookup_min, sp.pool,
                                sp.prediction)
 
     def _output(self, seq: Sequence, committed: list[int], logprobs=None) -> StepOutput:

@@ -11,9 +11,10 @@ A learned head (eagle3, medusa) costs h1 for its first draft token (feeding the 
 and an output head) and h for each further one: S_head(α, k) = E(α, k) / (h1 + (k−1)·h + V(k+1)); Medusa's heads
 guess every position at once (h ≈ 0).
 
-Both c and V(n) are measured on the machine (see `measure.py`) at a short context and at a long one: attention
-over the context is paid per row, so a verification row and a draft step cost more, relative to a plain step,
-as the context grows (`at(context)` interpolates between the two). This file is pure arithmetic.
+Both c and V(n) are measured on the machine (see `measure.py`) at a short context and at longer ones (buckets up to
+4k tokens or the model's window): attention over the context is paid per row, so a verification row and a draft
+step cost more, relative to a plain step, as the context grows (`at(context)` interpolates between the buckets).
+This file is pure arithmetic.
 """
 from __future__ import annotations
 
@@ -44,12 +45,10 @@ class CostModel:
     target_step_s: float = 0.0           # seconds of one plain target step (for net-speedup accounting)
     source: str = "measured"             # where the numbers came from
     heads: dict = field(default_factory=dict)   # learned head method -> [h1, h]: its first / each further draft token
-    # the same figures at a long context (each relative to a plain step at that context); 0: not measured
     context: int = 256                   # the context the figures above were measured at
-    long_context: int = 0
-    verify_long: list[float] = field(default_factory=list)
-    draft_step_long: float = 0.0
-    target_step_long_s: float = 0.0
+    # the same figures at longer contexts, ascending, each relative to a plain step at its context:
+    # [{"context": n, "verify": [V(1..)], "draft_step": c, "target_step_s": s}, ...]
+    by_context: list = field(default_factory=list)
     # seconds per prompt token for the draft model to read a prompt (it does so while the target prefills, so a
     # long prompt's first token comes later by about this much per token when the draft is chosen)
     draft_prefill_s: float = 0.0
@@ -66,6 +65,8 @@ class CostModel:
         for n, x in sorted((int(n), float(x)) for n, x in self.verify_large if int(n) > len(v)):
             large.append([n, max(x, large[-1][1] if large else v[-1])])
         self.verify_large = large
+        self.by_context = sorted((b for b in self.by_context if int(b["context"]) > self.context and
+                                  len(b.get("verify", [])) >= 2), key=lambda b: int(b["context"]))
 
     def V(self, n: int) -> float:
         """Target forward over n tokens relative to one token; between measured points interpolate, past the last
@@ -85,26 +86,28 @@ class CostModel:
         return {"draft_step": self.draft_step, "verify": list(self.verify), "verify_large": self.verify_large,
                 "lookup": self.lookup, "target_step_s": self.target_step_s, "source": self.source,
                 "heads": {m: list(c) for m, c in self.heads.items()}, "context": self.context,
-                "long_context": self.long_context, "verify_long": list(self.verify_long),
-                "draft_step_long": self.draft_step_long, "target_step_long_s": self.target_step_long_s,
-                "draft_prefill_s": self.draft_prefill_s}
+                "by_context": [dict(b) for b in self.by_context], "draft_prefill_s": self.draft_prefill_s}
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         return cls(float(d["draft_step"]), [float(v) for v in d["verify"]], d.get("verify_large", []),
                    float(d.get("lookup", 0.0)), float(d.get("target_step_s", 0.0)), d.get("source", "cache"),
                    {m: [float(x) for x in c] for m, c in d.get("heads", {}).items()}, int(d.get("context", 256)),
-                   int(d.get("long_context", 0)), [float(v) for v in d.get("verify_long", [])],
-                   float(d.get("draft_step_long", 0.0)), float(d.get("target_step_long_s", 0.0)),
+                   [{"context": int(b["context"]), "verify": [float(v) for v in b["verify"]],
+                     "draft_step": float(b.get("draft_step", 0.0)), "target_step_s": float(b.get("target_step_s", 0.0))}
+                    for b in d.get("by_context", [])],
                    float(d.get("draft_prefill_s", 0.0)))
+
+    def contexts(self) -> list[int]:
+        """The contexts measured, ascending."""
+        return [self.context] + [int(b["context"]) for b in self.by_context]
 
     def at(self, context: int) -> CostModel:
         """The cost model of a step after `context` tokens: V(n) and c interpolated linearly in the context between
-        the two measured contexts, extrapolated past the long one up to twice its distance (attention grows
-        linearly with the context; further out the line is a guess, so it stops there). Below the short context,
-        or without a long measurement, the model itself."""
-        if not self.long_context or self.long_context <= self.context or context <= self.context or \
-                len(self.verify_long) < 2:
+        the two measured contexts around it; past the longest, extrapolated along the last segment up to twice the
+        longest (attention grows linearly with the context; further out the line is a guess, so it stops there).
+        Below the shortest context, or with nothing measured past it, the model itself."""
+        if not self.by_context or context <= self.context:
             return self
         context = -(-context // 64) * 64
         if context not in self._by_context:
@@ -112,20 +115,25 @@ class CostModel:
         return self._by_context[context]
 
     def _at(self, context: int) -> CostModel:
-        span = self.long_context - self.context
-        w = min(2.0, (context - self.context) / span)
-        n = min(len(self.verify), len(self.verify_long))
+        pts = [{"context": self.context, "verify": self.verify, "draft_step": self.draft_step,
+                "target_step_s": self.target_step_s}] + self.by_context
+        context = min(context, 2 * pts[-1]["context"])
+        i = next((i for i in range(1, len(pts)) if context <= pts[i]["context"]), len(pts) - 1)
+        a, b = pts[i - 1], pts[i]
+        w = (context - a["context"]) / (b["context"] - a["context"])
+        n = min(len(a["verify"]), len(b["verify"]))
 
-        def mix(a: float, b: float) -> float:
-            return a + (b - a) * w
-        verify = [mix(a, b) for a, b in zip(self.verify[:n], self.verify_long[:n])]
-        # past the long measurement's rows, the short context's growth per row on top of its last point
+        def mix(x: float, y: float) -> float:
+            return x + (y - x) * w
+        verify = [mix(x, y) for x, y in zip(a["verify"][:n], b["verify"][:n])]
+        # past the rows measured at both, the short context's growth per row on top of the last point
         verify += [verify[-1] + x - self.verify[n - 1] for x in self.verify[n:]]
         scale = verify[-1] / self.verify[-1]          # the rows measured past verify grow as its last one did
         large = [[m, x * scale] for m, x in self.verify_large]
-        finite = math.isfinite(self.draft_step) and math.isfinite(self.draft_step_long)
-        draft = mix(self.draft_step, self.draft_step_long) if self.draft_step_long and finite else self.draft_step
-        step_s = mix(self.target_step_s, self.target_step_long_s) if self.target_step_long_s else self.target_step_s
+        ca, cb = a["draft_step"], b["draft_step"]
+        draft = mix(ca, cb) if ca and cb and math.isfinite(ca) and math.isfinite(cb) else self.draft_step
+        sa, sb = a["target_step_s"], b["target_step_s"]
+        step_s = mix(sa, sb) if sa and sb else self.target_step_s
         return CostModel(draft, verify, large, self.lookup, step_s, self.source, dict(self.heads), context,
                          draft_prefill_s=self.draft_prefill_s)
 

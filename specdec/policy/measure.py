@@ -14,11 +14,15 @@ def forward_times(model, ns: list[int], context: int, repeats: int) -> dict[int,
     """Seconds of one forward over n new tokens after `context` cached ones, for each n in ns: the minimum over
     `repeats` rounds, each round timing every n once (interleaved, so a burst of load from elsewhere on a shared
     machine spoils one sample of many n rather than every sample of one n; the minimum is the quiet machine)."""
+    kv, context = _primed_cache(model, context, max(ns))
+    return _time_rows(model, kv, ns, context, repeats)
+
+
+def _time_rows(model, kv, ns: list[int], context: int, repeats: int) -> dict[int, float]:
     from ..models.runner import Span, forward_spans
 
     device = model.embed_tokens.weight.device
     vocab = model.embed_tokens.weight.shape[0]
-    kv, context = _primed_cache(model, context, max(ns))
     best = {n: float("inf") for n in ns}
     for i in range(repeats + 1):
         for n in ns:
@@ -92,17 +96,39 @@ def head_times(proposer, hidden_size: int, vocab: int, dtype, device, context: i
     return best[1], max(0.0, (best[k] - best[1]) / max(k - 1, 1))
 
 
+CONTEXT_BUCKETS = (1024, 2048, 4096)    # contexts measured past the short one (those the model's window holds)
+
+
+def forward_times_by_context(model, ns: list[int], contexts: list[int], repeats: int) -> dict[int, dict[int, float]]:
+    """{context: forward_times(...) at that context} for ascending contexts, on one cache that a prefill extends
+    from one context to the next (so the longest prompt is read once, not once per context)."""
+    from ..models.runner import Span, forward_spans
+
+    vocab = model.embed_tokens.weight.shape[0]
+    kv = model.new_kv()
+    kv.resize(-(-(max(contexts) + max(ns) + 1) // model.key_block) * model.key_block)
+    out, done = {}, 0
+    for c in contexts:
+        c = min(c, model.config.max_position_embeddings - max(ns) - 2)
+        if c <= done and out:
+            continue
+        forward_spans(model, [Span(kv, done, [(i * 31 + 7) % vocab for i in range(done, c)], "none")])
+        done = c
+        out[c] = _time_rows(model, kv, ns, c, repeats)
+    return out
+
+
 @torch.inference_mode()
 def measure_cost_model(target, draft=None, lookup=None, k_max: int = 8, context: int = 256,
                        repeats: int = 5, max_rows: int = 0, heads: dict | None = None,
-                       long_context: int = 2048) -> CostModel:
+                       contexts: tuple[int, ...] = CONTEXT_BUCKETS) -> CostModel:
     """target/draft: Transformer models; lookup(token_ids) -> proposal, the n-gram proposer's search; heads: the
     engine's learned-head proposers by method.
 
     V(n) = t(n) / t(1) for n = 1..k_max+1 and at a few row counts up to `max_rows` (a batched step);
     c = draft step / target step; lookup cost / target step; per head, its first and each further draft token
-    / target step. V(n) for n = 1..min(k_max + 1, 6) and c again after `long_context` cached tokens (0: not
-    measured; fewer where the model's positions end).
+    / target step. V(n) for n = 1..k_max+1 and c again after each of `contexts` cached tokens (those past `context`
+    that the model's positions hold).
     """
     small = list(range(1, k_max + 2))
     t = forward_times(target, small, context, repeats)
@@ -118,19 +144,20 @@ def measure_cost_model(target, draft=None, lookup=None, k_max: int = 8, context:
         head_cost = {m: [x / t[1] for x in head_times(p, target.config.hidden_size, w.shape[0], w.dtype, w.device,
                                                         context, min(k_max, 4), repeats, target_step)]
                      for m, p in heads.items()}
-    long_ctx = min(long_context, target.config.max_position_embeddings - k_max - 4)
-    verify_long, c_long = [], 0.0
-    if long_ctx > context:
-        few = small[:6]
-        tl = forward_times(target, few, long_ctx, max(2, repeats // 2))
-        verify_long = [tl[n] / tl[1] for n in few]
-        if draft is not None:
-            c_long = forward_times(draft, [1], long_ctx, max(2, repeats // 2))[1] / tl[1]
+    window = target.config.max_position_embeddings - k_max - 4
+    longer = sorted({min(x, window) for x in contexts if min(x, window) > context})
+    by_context = []
+    if longer:
+        tl = forward_times_by_context(target, small, longer, max(2, repeats // 2))
+        dl = forward_times_by_context(draft, [1], longer, max(2, repeats // 2)) if draft is not None else {}
+        for n_ctx, times in tl.items():
+            by_context.append({"context": n_ctx, "verify": [times[n] / times[1] for n in small],
+                               "draft_step": dl[n_ctx][1] / times[1] if n_ctx in dl else float("inf"),
+                               "target_step_s": times[1]})
     prefill_s = prefill_time(draft, 512) / 512 if draft is not None else 0.0     # one chunk of the engine's size
     return CostModel(draft_step=c, verify=verify, verify_large=large, lookup=cost, target_step_s=t[1],
-                     source="measured", heads=head_cost, context=context,
-                     long_context=long_ctx if verify_long else 0, verify_long=verify_long, draft_step_long=c_long,
-                     target_step_long_s=tl[1] if verify_long else 0.0, draft_prefill_s=prefill_s)
+                     source="measured", heads=head_cost, context=context, by_context=by_context,
+                     draft_prefill_s=prefill_s)
 
 
 def prefill_time(model, tokens: int, repeats: int = 2) -> float:
