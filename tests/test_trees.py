@@ -205,8 +205,8 @@ def test_trees_batched_with_sampled_and_chain_requests(target):
 
 
 def test_tree_config_is_checked():
-    with pytest.raises(ValueError, match="needs a method that drafts trees: eagle3 or eagle or medusa"):
-        SpeculativeConfig("draft", 4, eagle_topk=2)
+    with pytest.raises(ValueError, match="needs a method that drafts trees: draft or eagle3 or eagle or medusa"):
+        SpeculativeConfig("ngram", 4, eagle_topk=2)
     with pytest.raises(ValueError, match="num_steps"):
         SpeculativeConfig("eagle3", 4, eagle_topk=2, num_steps=5)
     assert SpeculativeConfig("eagle3", 8, eagle_topk=4).num_steps == 4
@@ -275,3 +275,63 @@ def test_llm_sizes_trees_with_its_measured_cost_model(tiny_dirs, tmp_path, monke
     plain = llm.generate(ids, params, spec="none")[0].token_ids
     out = llm.generate(ids, params, spec=SpeculativeConfig("medusa", 8, eagle_topk=3, num_steps=3))[0]
     assert out.token_ids == plain and out.stats.draft_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def draft_of(target, tiny_dirs, tmp_path_factory):
+    """The tiny draft model in the target's dtype."""
+    with private_cache(tmp_path_factory):
+        return load_model(str(tiny_dirs["draft"]), dtype=str(target.model.embed_tokens.weight.dtype)[6:],
+                          device="cpu", progress=False)
+
+
+class _Spy:
+    """Wraps a proposer's propose: keeps every draft it returns."""
+    def __init__(self, proposer):
+        self.drafts, self.propose_of = [], proposer.propose
+
+    def __call__(self, ctxs, ks):
+        out = self.propose_of(ctxs, ks)
+        self.drafts += out
+        return out
+
+
+def test_draft_model_trees_keep_parity_beside_chains_and_sampled_requests(target, draft_of):
+    """The draft model grows a token tree level by level for a greedy request with eagle_topk > 1 (branching
+    where its top-1 is unsure), in the same batched forwards as a chain request; greedy outputs equal plain
+    decoding, and a sampled request with eagle_topk > 1 (verified as a chain) equals the same request alone."""
+    tok = target.tokenizer
+    ids = tok.encode(PROMPT)
+    engine = LLMEngine(target.model, tok, draft_of.model)
+    spy = _Spy(engine.proposers["draft"])
+    engine.proposers["draft"].propose = spy
+    base = _generate(engine, ids, SpeculativeConfig("none")).output_ids
+    base_c = _generate(engine, ids[:-2], SpeculativeConfig("none"), rid="pc").output_ids
+    sampled = SamplingParams(max_tokens=30, temperature=0.8, seed=3, ignore_eos=True)
+    alone = _generate(engine, ids, SpeculativeConfig("draft", 6, eagle_topk=3), sampled, rid="sa").output_ids
+    greedy = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    spy.drafts.clear()
+    seqs = [engine.add_request("t", ids, greedy, SpeculativeConfig("draft", 8, eagle_topk=3, num_steps=4)),
+            engine.add_request("c", ids[:-2], greedy, SpeculativeConfig("draft", 4)),
+            engine.add_request("s", ids, sampled, SpeculativeConfig("draft", 6, eagle_topk=3))]
+    while not all(s.finished for s in seqs):
+        for out in engine.step():
+            assert out.error is None, out.error
+    assert seqs[0].output_ids == base and seqs[1].output_ids == base_c and seqs[2].output_ids == alone
+    trees = [d for d in spy.drafts if d.parents is not None]
+    assert trees and all(len(d) <= 8 and d.depth <= 4 for d in trees)
+    assert any(len(set(p for p in d.parents)) < len(d.parents) for d in trees)      # some node has two children
+    assert seqs[0].stats.draft_tokens > 0 and not engine.proposers["draft"].tree_base   # nothing left behind
+
+
+def test_a_draft_model_tree_follows_the_targets_argmax_when_the_draft_is_the_target(target):
+    """With the target as its own draft, every tree holds the target's greedy path (the likeliest child at every
+    level): a wrong slot, position or key list for a tree row would show as rejected tokens."""
+    tok = target.tokenizer
+    ids = tok.encode(PROMPT)
+    engine = LLMEngine(target.model, tok, target.model)
+    base = _generate(engine, ids, SpeculativeConfig("none")).output_ids
+    seq = _generate(engine, ids, SpeculativeConfig("draft", 6, eagle_topk=2, num_steps=3), rid="self")
+    assert seq.output_ids == base
+    # each verification accepts the whole top-1 path the tree kept: 3 tokens + the bonus where it kept all 3
+    assert seq.stats.mean_accepted_length >= 3.0, seq.stats

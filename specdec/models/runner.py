@@ -23,10 +23,20 @@ class Span:
     hidden: bool = False         # also return the rows' hidden states at the layers forward_spans is asked for
     parents: list[int] | None = None   # a token tree (decode): row i's parent row (row 0, the newest token: -1); row
                                  # i sits at cache slot start+i and position start+depth(i), attending over its path
+    # a level of a tree grown across forwards (a draft model's tree): row i's path as cache slots -- its ancestors'
+    # (written by earlier forwards) then its own, start+i -- after `tree_base` committed positions; its position is
+    # tree_base + len(path) - 1
+    paths: list[list[int]] | None = None
+    tree_base: int = 0
 
     def layout(self) -> tuple[list[int], torch.Tensor | None]:
         """Positions of the rows, and the tree's key lists (None for causal rows)."""
         n = len(self.token_ids)
+        if self.paths is not None:
+            if len(self.paths) != n or any(not p or p[-1] != self.start + i or min(p) < self.tree_base
+                                           for i, p in enumerate(self.paths)):
+                raise ValueError("token tree: each row's path must end at its own slot, after the committed positions")
+            return [self.tree_base + len(p) - 1 for p in self.paths], tree_keys(self.paths, self.tree_base)
         if self.parents is None:
             return list(range(self.start, self.start + n)), None
         paths: list[list[int]] = []

@@ -1,4 +1,5 @@
-"""A smaller model of the same family drafts k tokens autoregressively, for many sequences at once."""
+"""A smaller model of the same family drafts k tokens autoregressively, for many sequences at once; for greedy
+requests that ask for one (eagle_topk > 1), a token tree grown level by level in the same batched forwards."""
 from __future__ import annotations
 
 import torch
@@ -11,6 +12,7 @@ from ..models.qwen2 import Transformer
 from ..models.runner import Span, forward_spans
 from ..tokenizer import Tokenizer
 from .base import BuildContext, Draft, ProposalContext, Proposer, VerifyResult, draft_token
+from .tree import TreeBuilder
 
 DECODE_ROWS = 16     # catch-up spans up to this many tokens run as decode rows (row-by-row attention)
 
@@ -54,6 +56,7 @@ class DraftModelProposer(Proposer):
         self.vocab_size = vocab_size                 # compare on the shared vocabulary
         self.kv = kv                                 # models.kv_manager.KVManager over the draft model
         self.catchup_budget = catchup_budget
+        self.tree_base: dict[int, int] = {}          # seq_id -> committed tokens before its last tree
 
     @torch.inference_mode()
     def prefill(self, chunks: list[tuple[int, int, list[int]]]) -> None:
@@ -80,6 +83,7 @@ class DraftModelProposer(Proposer):
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
         drafted: list[list[torch.Tensor]] = [[] for _ in ctxs]
         q_rows: list[list[torch.Tensor]] = [[] for _ in ctxs]
+        trees: dict[int, TreeBuilder] = {}           # greedy requests asking for a tree (eagle_topk > 1)
         spans, owners = [], []
         budget = self.catchup_budget
         for i, (ctx, k) in enumerate(zip(ctxs, ks)):
@@ -99,39 +103,79 @@ class DraftModelProposer(Proposer):
                     budget -= n
                 continue
             budget -= len(missing)
-            self.kv.ensure(ctx.seq_id, len(ids) + k)
+            if ctx.tree:
+                trees[i] = TreeBuilder(ctx.topk)
+                self.tree_base[ctx.seq_id] = len(ids)
+            # a tree's expanded nodes take a slot each (at most topk a level) after the committed tokens
+            self.kv.ensure(ctx.seq_id, len(ids) + (ctx.topk * ctx.depth if ctx.tree else k))
             # a few new tokens take the decode path (the draft's rows need no exactness; this is about speed)
             spans.append(Span(kv, kv.length, missing, "last", decode=len(missing) <= DECODE_ROWS))
-            owners.append(i)
-        step = 0
+            owners.append((i, None))
         while spans:
             logits = forward_spans(self.model, spans)
             nxt, nxt_owners = [], []
-            for span, i, lg in zip(spans, owners, logits):
-                span.kv.length = span.start + len(span.token_ids)    # what this forward wrote is now cached
-                if i is None:
+            for span, owner, lg in zip(spans, owners, logits):
+                # what this forward wrote is now cached (a tree level: its slots, after the levels before it)
+                span.kv.length = max(span.kv.length, span.start + len(span.token_ids))
+                if owner is None:
+                    continue
+                i, nodes = owner
+                if i in trees:
+                    grow = self._grow_tree(trees[i], ctxs[i], ks[i], span.kv, lg, nodes)
+                    if grow is not None:
+                        nxt.append(grow)
+                        nxt_owners.append((i, trees[i].frontier))
                     continue
                 tok = draft_token(lg[:, : self.vocab_size], ctxs[i], q_rows[i])
                 drafted[i].append(tok)
                 if len(drafted[i]) < ks[i]:
                     nxt.append(Span(span.kv, span.kv.length, [tok], "last", decode=True))
-                    nxt_owners.append(i)
+                    nxt_owners.append((i, None))
             spans, owners = nxt, nxt_owners
-            step += 1
         for ctx in ctxs:                          # the grammar state goes back to the committed tokens
             if ctx.constraint is not None:
                 ctx.constraint.rollback_draft()
-        # each cache now holds its committed tokens + its draft but the last (fed next time if accepted)
-        return [Draft(torch.tensor(d, dtype=torch.long), torch.stack(q) if q else None)
-                for d, q in zip(drafted, q_rows)]
+        out = []
+        for i, (d, q) in enumerate(zip(drafted, q_rows)):
+            if i in trees:
+                tokens, parents = trees[i].select(ks[i], ctxs[i].row_cost)
+                out.append(Draft(torch.tensor(tokens, dtype=torch.long), None, parents))
+            else:
+                # the cache holds the committed tokens + the draft but the last (fed next time if accepted)
+                out.append(Draft(torch.tensor(d, dtype=torch.long), torch.stack(q) if q else None))
+        return out
+
+    def _grow_tree(self, b: TreeBuilder, ctx: ProposalContext, k: int, kv: SeqKV, logits: torch.Tensor,
+                   nodes: list[int] | None) -> Span | None:
+        """Add the children of the rows just computed (nodes; None: the newest committed token) and return the span
+        that grows the tree's next level, or None when it is done: `depth` levels deep, or no frontier node could be
+        kept at the size V(rows, context) makes best (the tree branches where the draft's top-1 is unsure: a
+        confident top-1 leaves its siblings too unlikely to keep)."""
+        logp = torch.log_softmax(logits[:, : self.vocab_size].float(), -1)
+        lp, idx = logp.topk(b.topk, -1)
+        for node, a, t in zip(nodes if nodes is not None else [-1], lp.tolist(), idx.tolist()):
+            b.add_top(node, a, t)
+        depth = 1 if nodes is None else b.nodes[nodes[0]].depth + 1
+        if depth >= ctx.depth or not b.pick_frontier(depth) or not b.worth_growing(k, ctx.row_cost):
+            return None
+        start, base = kv.length, self.tree_base[ctx.seq_id]
+        for r, node in enumerate(b.frontier):
+            b.nodes[node].slot = start + r
+        paths = [[b.nodes[a].slot for a in b.path(node)] for node in b.frontier]
+        return Span(kv, start, [b.nodes[n].token for n in b.frontier], "all", decode=True, paths=paths,
+                    tree_base=base)
 
     def observe(self, result: VerifyResult) -> None:
         kv = self.kv.caches.get(result.seq_id)
-        if kv is not None and kv.length > result.committed_len - 1:
-            # keep only committed tokens (the newest committed token is fed at the next propose)
-            self.kv.truncate(result.seq_id, result.committed_len - 1)
+        # keep only committed tokens (the newest committed token is fed at the next propose); after a tree, only
+        # those before it: its nodes sit in expansion order, not at their positions, so the accepted ones are fed
+        # again with the next step's first rows
+        keep = min(result.committed_len - 1, self.tree_base.pop(result.seq_id, result.committed_len))
+        if kv is not None and kv.length > keep:
+            self.kv.truncate(result.seq_id, keep)
 
     def release(self, seq_id: int) -> None:
+        self.tree_base.pop(seq_id, None)
         self.kv.free_seq(seq_id)
 
     def export_cache(self, seq_id: int) -> SeqKV | None:
@@ -160,5 +204,6 @@ def _build(ctx: BuildContext) -> DraftModelProposer | None:
 
 
 # k 4: the 0.5B draft's step costs ~a third of the target's, so its gain peaks at k=4 (docs/tuning.md)
-METHOD = Method("draft", 4, "model", prior_alpha=0.8, needs="draft_model", build=_build,
-                summary="a smaller model of the same family drafts k tokens autoregressively")
+METHOD = Method("draft", 4, "model", prior_alpha=0.8, tree=True, needs="draft_model", build=_build,
+                summary="a smaller model of the same family drafts k tokens autoregressively (a token tree with "
+                        "eagle_topk > 1)")
