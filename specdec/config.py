@@ -45,6 +45,9 @@ class Method:
     auto_candidate: bool = True         # method auto may pick it (False: it drafts from what a request brings, a
                                         # prediction, so only that request can choose it)
     origin: str = "specdec"             # the package that declared it (a plugin's distribution)
+    # a method without a proposer of its own that drafts through the step controller: combines[0] a model
+    # proposer, the rest free ones (lookup, cache) whose longest match each step weighs against the model
+    combines: tuple[str, ...] = ()
 
     @property
     def drafts_with_model(self) -> bool:

@@ -75,8 +75,7 @@ class LLM:
     # -- the methods this engine runs ------------------------------------------------------------------------
     def method_names(self) -> tuple[str, ...]:
         """Every method this engine can run (plain, each loaded proposer's, the policy), in the table's order."""
-        return tuple(n for n in method_names()
-                     if METHOD_TABLE[n].kind in ("plain", "policy") or n in self.engine.proposers)
+        return tuple(n for n in method_names() if METHOD_TABLE[n].kind in ("plain", "policy") or self.engine.runs(n))
 
     def methods(self) -> list[dict]:
         """method_names(), each with its declaration's row and its proposer's own status section

@@ -26,7 +26,7 @@ from ..errors import SpecDecError
 from ..models.kv_manager import KVManager
 from ..models.prefix_cache import PrefixCache
 from ..policy.cost_model import StepBudget
-from ..policy.decide import RequestFeatures
+from ..policy.decide import Decision, RequestFeatures, prior_alpha
 from ..proposers.base import Draft, ProposalContext, Proposer, empty_draft, tree_allowed
 from ..proposers.registry import build_proposers
 from ..sampling.verifier import Verification, verify_step
@@ -105,7 +105,7 @@ class LLMEngine:
             raise SpecDecError(f"the prompt is {len(prompt_ids)} tokens; the context window is {self.max_model_len} "
                                "tokens (the prompt and at least one new token must fit)")
         method = get_method(spec.method)
-        if method.kind not in ("plain", "policy") and spec.method not in self.proposers:
+        if method.kind not in ("plain", "policy") and not self.runs(spec.method):
             alike = [m for m in self.proposers if get_method(m).kind == method.kind]
             raise SpecDecError(f"speculative method '{spec.method}' needs {method.needs_text}"
                                + (f" (the server's --speculative-config method); loaded: {', '.join(alike) or 'none'}"
@@ -128,6 +128,8 @@ class LLMEngine:
             seq.constraint = Constraint(params.structured_outputs, self.tokenizer)
         if method.kind == "policy":
             self._decide(seq)
+        elif method.combines:
+            self._combine(seq, method)
         # a learned head reads the target's hidden states at every prompt position, which an entry does not keep: an
         # EAGLE head's own cache rows stand for them, so a hit reaches no further than those
         reader = self._reader(seq)
@@ -152,13 +154,43 @@ class LLMEngine:
         elif chosen.free and d.method != lookup_method():
             # a cache (suffix decoding) outdraws the others where it was chosen: it runs alone
             sp.method, sp.k = d.method, d.k
-        else:   # the draft (when chosen) and prompt lookup side by side; the step controller picks per step
+        else:   # the draft (when chosen) and the longest lookup match side by side; the controller picks per step
             sp.k = policy.cfg.k_max
-            lookup = self.proposers.get(lookup_method())
-            guesser = None if lookup is None else (
-                lambda ids, room, constraint, n=(sp.prompt_lookup_max, sp.prompt_lookup_min):
-                lookup.guess(ids, room, *n, constraint))
-            sp.controller = policy.controller(d, sp.pool, p.temperature, len(seq.prompt_ids), guesser)
+            free = [m for m in policy.available if get_method(m).free]
+            sp.controller = policy.controller(d, sp.pool, p.temperature, len(seq.prompt_ids),
+                                              self._longest_match(seq, free))
+
+    def runs(self, name: str) -> bool:
+        """Whether this engine can draft with a method: its proposer is loaded (for a combining method, its model
+        proposer's)."""
+        method = get_method(name)
+        return (method.combines[0] if method.combines else name) in self.proposers
+
+    def _combine(self, seq: Sequence, method) -> None:
+        """A combining method (hybrid): the step controller runs its model proposer with the request's k and, each
+        step, weighs the longest match of its free proposers against it (auto's per-step machinery, without a
+        per-request decision)."""
+        sp, p = seq.spec, seq.params
+        model, *free = method.combines
+        sp.k = sp.k or method.default_k
+        alpha = prior_alpha(model, p.temperature, self.policy.cfg)
+        decision = Decision(model, sp.k, 1.0, f"{method.name}: {model} or the longest match per step", alpha)
+        sp.controller = self.policy.controller(decision, sp.pool, p.temperature, len(seq.prompt_ids),
+                                               self._longest_match(seq, free))
+
+    def _longest_match(self, seq: Sequence, methods: list[str]):
+        """The step controller's guesser: the longest match among these free proposers' (prompt lookup, suffix
+        decoding), as (match length, tokens); None when none is loaded."""
+        finders = [self.proposers[m] for m in methods if m in self.proposers]
+        if not finders:
+            return None
+        sp, p = seq.spec, seq.params
+
+        def longest(ids, room, constraint):
+            ctx = ProposalContext(seq.seq_id, ids, p, None, constraint, prompt_lookup_max=sp.prompt_lookup_max,
+                                  prompt_lookup_min=sp.prompt_lookup_min, pool=sp.pool)
+            return max((f.match(ctx, room) for f in finders), key=lambda m: (m[0], len(m[1])))
+        return longest
 
     def abort(self, request_id: str) -> Sequence | None:
         """Stop a request now: its KV and draft state are freed before the next step (or kept as a prefix entry).

@@ -96,6 +96,11 @@ class Proposer(ABC):
     # known before method auto's sequences choose theirs
     free: bool = False
 
+    def match(self, ctx: ProposalContext, room: int) -> tuple[int, list[int]]:
+        """A free proposer's continuation as a chain: (the length of the match it comes from, up to `room` tokens a
+        grammar allows); (0, []) for none. What a combining method (hybrid) weighs against its model each step."""
+        return 0, []
+
     @abstractmethod
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
         """For each sequence, up to ks[i] tokens to follow ctxs[i].token_ids (fewer, or none, is allowed)."""

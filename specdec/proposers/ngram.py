@@ -51,11 +51,8 @@ class NgramProposer(Proposer):
     name = "ngram"
     free = True
 
-    @staticmethod
-    def guess(token_ids: list[int], room: int, max_n: int, min_n: int, constraint=None) -> tuple[int, list[int]]:
-        """(matched n-gram length, up to `room` tokens a grammar allows): what method auto's step controller
-        weighs against its model proposer at every step."""
-        return lookup_guess(token_ids, room, max_n, min_n, constraint)
+    def match(self, ctx: ProposalContext, room: int) -> tuple[int, list[int]]:
+        return lookup_guess(ctx.token_ids, room, ctx.prompt_lookup_max, ctx.prompt_lookup_min, ctx.constraint)
 
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
         return [Draft(torch.tensor(lookup_guess(c.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min,

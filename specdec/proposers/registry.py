@@ -7,12 +7,12 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import METHOD_TABLE, Method, get_method, register_method
-from . import draft_model, eagle, medusa, ngram, prediction, suffix
+from . import draft_model, eagle, hybrid, medusa, ngram, prediction, suffix
 from .base import BuildContext, Proposer
 
 # registration order is the order every surface lists them in (after plain decoding, before auto)
-BUILTIN: tuple[Method, ...] = (ngram.METHOD, suffix.METHOD, draft_model.METHOD, eagle.EAGLE3, eagle.EAGLE,
-                               medusa.METHOD, prediction.METHOD)
+BUILTIN: tuple[Method, ...] = (ngram.METHOD, suffix.METHOD, draft_model.METHOD, hybrid.METHOD, eagle.EAGLE3,
+                               eagle.EAGLE, medusa.METHOD, prediction.METHOD)
 for _m in BUILTIN:
     if _m.name not in METHOD_TABLE:         # a module reload (tests) finds them registered
         register_method(_m)

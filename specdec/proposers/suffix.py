@@ -166,8 +166,13 @@ class SuffixProposer(Proposer):
             self.pool(pool).add(list(output_ids))
 
     # -- proposing ------------------------------------------------------------------------------------------------
-    def guess(self, ctx: ProposalContext, k: int) -> tuple[list[int], list[int] | None, int]:
-        """(tokens, parents or None for a chain, matched length) for one sequence."""
+    def match(self, ctx: ProposalContext, room: int) -> tuple[int, list[int]]:
+        tokens, _, n = self.guess(ctx, room, chain=True)
+        return n, tokens
+
+    def guess(self, ctx: ProposalContext, k: int, chain: bool = False) -> tuple[list[int], list[int] | None, int]:
+        """(tokens, parents or None for a chain, matched length) for one sequence; a tree only for a greedy request
+        without a grammar, unless `chain`."""
         cfg = self.cfg
         ids = np.asarray(ctx.token_ids, dtype=np.int32)
         tail = ids[-cfg.max_match:]
@@ -186,7 +191,7 @@ class SuffixProposer(Proposer):
         if n_pool == n:
             hits.append((arr, found[-cfg.max_occurrences:]))
         depth = min(k, max(1, int(cfg.max_spec_factor * n)))
-        tree = tree_allowed(2, ctx.params, ctx.constraint)
+        tree = not chain and tree_allowed(2, ctx.params, ctx.constraint)
         tokens, parents, probs = continuation_tree(hits, depth, k if tree else depth * 4, cfg.min_token_prob)
         if not tree:
             tokens, parents = best_path(tokens, parents, probs)[:k], None

@@ -1,0 +1,60 @@
+"""The hybrid method: per step the step controller weighs the longest prompt-lookup or suffix match against the
+draft model; greedy output stays plain decoding's, and the match it is offered is the longest of the two."""
+from __future__ import annotations
+
+import pytest
+
+from specdec import LLM, SamplingParams, SpeculativeConfig
+from specdec.config import get_method
+from specdec.errors import SpecDecError
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_dirs, tmp_path_factory):
+    from model_cache import private_cache
+
+    with private_cache(tmp_path_factory):
+        return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
+                   progress=False)
+
+
+def test_hybrid_is_declared_and_runs_where_its_draft_model_is_loaded(llm, tiny_dirs, tmp_path_factory):
+    m = get_method("hybrid")
+    assert m.combines == ("draft", "ngram", "suffix") and m.needs == "draft_model" and not m.auto_candidate
+    assert "hybrid" in llm.method_names()
+    from model_cache import private_cache
+
+    with private_cache(tmp_path_factory):
+        alone = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
+    assert "hybrid" not in alone.method_names()
+    with pytest.raises(SpecDecError, match="needs a draft model"):
+        alone.generate("def f(x):", SamplingParams(max_tokens=4), spec="hybrid")
+
+
+def test_hybrid_keeps_greedy_parity(llm):
+    """A prompt that repeats itself (lookup has matches to offer): output is plain decoding's, and the draft model
+    drafted at some steps."""
+    block = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+    ids = llm.encode(block * 3 + "def add(a, b):", chat=False)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    plain = llm.generate(ids, params, spec="none")[0].token_ids
+    out = llm.generate(ids, params, spec=SpeculativeConfig("hybrid", 4))[0]
+    assert out.token_ids == plain
+    assert out.stats.method == "hybrid" and out.stats.draft_tokens > 0
+    assert out.stats.draft_steps > out.stats.lookup_steps
+
+
+def test_hybrid_is_offered_the_longest_match_of_lookup_and_suffix(llm):
+    """The step controller's guess: prompt lookup's n-gram match or the suffix pool's, whichever is longer."""
+    engine = llm.engine
+    pool_out = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    engine.proposers["suffix"].learn("p", [], [40, 41, 42] + pool_out)
+    seq = engine.add_request("h", [40, 41, 42, 50, 51, 52, 40, 41, 42], SamplingParams(max_tokens=4),
+                             SpeculativeConfig("hybrid", 4), pool="p")
+    try:
+        n, guess = seq.spec.controller.guess([50, 51, 52, 40, 41, 42], 6, None)
+        assert n >= 3 and guess == pool_out[:6]            # the pool continues 40 41 42 further than the prompt
+        n, guess = seq.spec.controller.guess([1, 2, 3, 4, 1, 2, 3], 3, None)
+        assert guess == [4, 1, 2]                           # no pool match: prompt lookup's
+    finally:
+        engine.abort("h")
