@@ -524,7 +524,7 @@ def test_every_method_the_status_lists_answers_per_request_as_plain_decoding(tin
               heads={"eagle3": str(tmp_path / "e3"), "medusa": str(tmp_path / "med")})
     with running_server(llm, llm.speculative) as (url, _):
         listed = httpx.get(url + "/v1/speculative/status", timeout=10).json()["methods"]
-        assert [m["method"] for m in listed] == ["none", "ngram", "suffix", "draft", "eagle3", "medusa",
+        assert [m["method"] for m in listed] == ["none", "ngram", "suffix", "draft", "hybrid", "eagle3", "medusa",
                                                  "predicted_outputs", "auto"]
         assert all({"kind", "default_k", "tree", "origin", "status"} <= set(m) for m in listed)
         texts = {}
