@@ -63,17 +63,21 @@ void attend_scalar(const T* q, const T* kc, const T* vc, int64_t d, int64_t nkey
 }
 
 #ifdef SPECDEC_HAVE_AVX512
-// Several rows of one sequence and the query heads of one KV group attend together (a "pair" is one row and one
-// head): each key and value row is read from memory once for all pairs instead of once per row and head, which is
-// what verification rows and prompt rows cost at long context.
+// AVX-512: the query heads of one KV group attend together, one row at a time (attend_heads below). AVX2: several
+// rows of one sequence and the heads of one KV group attend together (a "pair" is one row and one head): each key
+// and value row is loaded and converted once for all pairs of a block instead of once per row and head, and a
+// key's lane partials are summed 8 keys at a time (attend_rows). On an AVX2 EPYC that took 8 verification rows at
+// 2k context from 50 to 31 ms; on an AVX-512 Xeon the same blocking (16 lanes) was no faster for 8 rows and slower
+// for one (docs/benchmarks/attention), so AVX-512 keeps its row-by-row kernel.
 //
-// The invariant that keeps a row's bits the same however many rows share the task -- so that a decode step, a
+// The invariant that keeps a row's bits the same however many rows share a call -- so that a decode step, a
 // verification row and a prompt row of the same token give the same K/V and logits bit for bit (greedy parity; the
-// prefix cache reusing generated tokens as they stand) -- is that every number is computed per pair and per key in
-// one fixed way: a key's score is its product chain over d, lane by lane, then one fixed tree over the lanes
-// (sum16 / sum8); the softmax runs over the pair's own scores; the output sums the pair's own keys in key order,
-// one FMA per key and column, then one multiply by 1 / total. Which rows, heads and keys share a block decides
-// only which loads are shared. (tests/test_cpu_ops.py checks rows alone against rows in blocks, and trees.)
+// prefix cache reusing generated tokens as they stand) -- is that every number is computed per (row, head) and per
+// key in one fixed way: a key's score is its product chain over d, lane by lane, then one fixed tree over the lanes
+// (sum8 on AVX2, _mm512_reduce_add_ps on AVX-512); the softmax runs over the pair's own scores; the output sums the
+// pair's own keys in key order, one FMA per key and column, then one multiply by 1 / total. Which rows, heads and
+// keys share a block decides only which loads are shared. (tests/test_cpu_ops.py checks rows alone against rows in
+// blocks on every path this CPU runs; tests/test_trees.py tree rows against chain rows.)
 using specdec::vexp;
 using specdec::vload;
 using specdec::vstore;
@@ -101,109 +105,77 @@ SPECDEC_AVX512F inline float softmax_avx512(float* s, int64_t nkeys) {
     return _mm512_reduce_add_ps(vsum);
 }
 
-// Sixteen keys' scores at once: a[j] holds key j's 16 lane partials; lane j of the result is their sum by one tree
-// for every key (quarters 0+2 and 1+3, then the two; then elements 0+2 and 1+3 of that, then the two), so a key's
-// score does not depend on the keys beside it in the block.
-SPECDEC_AVX512F inline __m512 sum16(const float* a) {
-    __m512 b[8], c[4], e[2];
-    for (int i = 0; i < 8; ++i) {
-        const __m512 x = _mm512_loadu_ps(a + 32 * i), y = _mm512_loadu_ps(a + 32 * i + 16);
-        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+// The query heads of one KV group (G of them) attend together: each key and value row is read once for all G
+// instead of once per head, which is what a verification row costs at long context (the cache of a layer no
+// longer fits the inner caches, and one row per head read it 6x for Qwen2.5's 12/2 heads). Per head the
+// arithmetic is the same op for op whatever G (the score chain over d, its horizontal sum, the softmax, the value
+// sums key by key per column), so a head's result has the same bits however its heads are split into tasks.
+template <typename B, int G, int C>   // C: columns of 16 accumulated per pass over the values (G * C registers)
+SPECDEC_AVX512F void weighted_values_heads(const B* vc, int64_t d, int64_t nkeys, KeySlots slot, const float* s,
+                                           const float* inv, B* out, int64_t out_stride) {
+    const int nv = int(d / 16);
+    for (int c0 = 0; c0 < nv; c0 += C) {
+        __m512 o[G][C];
+        for (int g = 0; g < G; ++g)
+            for (int c = 0; c < C; ++c) o[g][c] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < nkeys; ++j) {
+            const B* vj = vc + slot(j) * d + 16 * c0;
+            __m512 vv[C];
+            for (int c = 0; c < C; ++c) vv[c] = vload(vj + 16 * c);
+            for (int g = 0; g < G; ++g) {
+                const __m512 e = _mm512_set1_ps(s[g * nkeys + j]);
+                for (int c = 0; c < C; ++c) o[g][c] = _mm512_fmadd_ps(e, vv[c], o[g][c]);
+            }
+        }
+        for (int g = 0; g < G; ++g)
+            for (int c = 0; c < C; ++c)
+                vstore(out + g * out_stride + 16 * (c0 + c), _mm512_mul_ps(o[g][c], _mm512_set1_ps(inv[g])));
     }
-    for (int i = 0; i < 4; ++i) {   // quarter k of c[i]: key 4i + k's four partial sums
-        const __m512 x = b[2 * i], y = b[2 * i + 1];
-        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
-    }
-    for (int i = 0; i < 2; ++i) {
-        const __m512 x = c[2 * i], y = c[2 * i + 1];
-        e[i] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
-    }
-    const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x44), _mm512_shuffle_ps(e[0], e[1], 0xEE));
-    // lane 4k + m of f is key 4m + k
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), f);
 }
 
-// The AVX-512 kernels: 16 lanes, 16 keys a score block.
-struct Avx512 {
-    static constexpr int kLanes = 16;
-
-    // s[p] + j0 .. + nk <- scale * (q_p . k_j) for the keys (pointers; zero keys pad a short block) and np pairs
-    // (fp32 queries qf [np][d]); A: scratch of 16 * 16 * np floats.
-    SPECDEC_AVX512F static void scores(const float* qf, int np, const float* const* keys, int nk, int64_t d,
-                                       float scale, float* const* s, int64_t j0, float* A) {
-        const int nv = int(d / 16);
-        for (int j = 0; j < 16; ++j) {
-            __m512 kv[16];
-            for (int i = 0; i < nv; ++i) kv[i] = _mm512_loadu_ps(keys[j] + 16 * i);
-            for (int p = 0; p < np; ++p) {
-                const float* q = qf + p * d;
-                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), kv[0]);
-                for (int i = 1; i < nv; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * i), kv[i], acc);
-                _mm512_storeu_ps(A + (p * 16 + j) * 16, acc);
-            }
+template <typename B, int G>   // q: G heads, head h at q + h * q_stride; out likewise; s: G * nkeys floats
+SPECDEC_AVX512F void attend_heads_avx512(const B* q, int64_t q_stride, const B* kc, const B* vc, int64_t d,
+                                         int64_t nkeys, KeySlots slot, float scale, float* s, B* out,
+                                         int64_t out_stride) {
+    const int nv = int(d / 16);
+    alignas(64) float qf[G][256];
+    for (int g = 0; g < G; ++g)
+        for (int i = 0; i < nv; ++i) _mm512_store_ps(qf[g] + 16 * i, vload(q + g * q_stride + 16 * i));
+    for (int64_t j = 0; j < nkeys; ++j) {
+        const B* kj = kc + slot(j) * d;
+        __m512 acc[G];
+        const __m512 k0 = vload(kj);
+        for (int g = 0; g < G; ++g) acc[g] = _mm512_mul_ps(_mm512_load_ps(qf[g]), k0);
+        for (int i = 1; i < nv; ++i) {
+            const __m512 ki = vload(kj + 16 * i);
+            for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_load_ps(qf[g] + 16 * i), ki, acc[g]);
         }
-        const __mmask16 keep = __mmask16((1u << nk) - 1);
-        const __m512 vscale = _mm512_set1_ps(scale);
-        for (int p = 0; p < np; ++p)
-            _mm512_mask_storeu_ps(s[p] + j0, keep, _mm512_mul_ps(sum16(A + p * 256), vscale));
+        for (int g = 0; g < G; ++g) s[g * nkeys + j] = _mm512_reduce_add_ps(acc[g]) * scale;
     }
+    float inv[G];
+    for (int g = 0; g < G; ++g) inv[g] = 1.0f / softmax_avx512(s + g * nkeys, nkeys);
+    if (nv % 4 == 0 && G <= 6)
+        weighted_values_heads<B, G, 4>(vc, d, nkeys, slot, s, inv, out, out_stride);
+    else if (nv % 2 == 0)
+        weighted_values_heads<B, G, 2>(vc, d, nkeys, slot, s, inv, out, out_stride);
+    else
+        weighted_values_heads<B, G, 1>(vc, d, nkeys, slot, s, inv, out, out_stride);
+}
 
-    template <int PB, int C>   // PB pairs, C vectors of columns from c0
-    SPECDEC_AVX512F static void value_block(const float* const* vrows, int64_t j0, int64_t j1, const float* const* e,
-                                            float* const* o, int c0) {
-        __m512 acc[PB][C];
-        for (int p = 0; p < PB; ++p)
-            for (int c = 0; c < C; ++c) acc[p][c] = _mm512_loadu_ps(o[p] + 16 * (c0 + c));
-        for (int64_t j = j0; j < j1; ++j) {
-            const float* vj = vrows[j - j0] + 16 * c0;
-            __m512 vv[C];
-            for (int c = 0; c < C; ++c) vv[c] = _mm512_loadu_ps(vj + 16 * c);
-            for (int p = 0; p < PB; ++p) {
-                const __m512 w = _mm512_set1_ps(e[p][j]);
-                for (int c = 0; c < C; ++c) acc[p][c] = _mm512_fmadd_ps(w, vv[c], acc[p][c]);
-            }
-        }
-        for (int p = 0; p < PB; ++p)
-            for (int c = 0; c < C; ++c) _mm512_storeu_ps(o[p] + 16 * (c0 + c), acc[p][c]);
+template <typename B>
+SPECDEC_AVX512F void attend_heads(int nh, const B* q, int64_t q_stride, const B* kc, const B* vc, int64_t d,
+                                  int64_t nkeys, KeySlots slot, float scale, float* s, B* out, int64_t out_stride) {
+    switch (nh) {
+        case 1: attend_heads_avx512<B, 1>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        case 2: attend_heads_avx512<B, 2>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        case 3: attend_heads_avx512<B, 3>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        case 4: attend_heads_avx512<B, 4>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        case 5: attend_heads_avx512<B, 5>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        case 6: attend_heads_avx512<B, 6>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        case 7: attend_heads_avx512<B, 7>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
+        default: attend_heads_avx512<B, 8>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, out, out_stride); break;
     }
-
-    // o[p] += sum over keys j in [j0, j1) of e[p][j] v_j, key by key (o: fp32 [np][d], carried between calls;
-    // vrows[j - j0]: value row j in fp32)
-    SPECDEC_AVX512F static void values(const float* const* vrows, int64_t d, int64_t j0, int64_t j1,
-                                       const float* const* e, float* const* o, int np) {
-        const int nv = int(d / 16);
-        for (int p0 = 0; p0 < np; p0 += 6)
-            for (int c0 = 0; c0 < nv; c0 += 4) {
-                if (nv - c0 < 4) {   // d not a multiple of 64: a column vector at a time
-                    for (int c = c0; c < nv; ++c)
-                        for (int p = p0; p < std::min(np, p0 + 6); ++p)
-                            value_block<1, 1>(vrows, j0, j1, e + p, o + p, c);
-                    continue;
-                }
-                switch (std::min(6, np - p0)) {
-                    case 6: value_block<6, 4>(vrows, j0, j1, e + p0, o + p0, c0); break;
-                    case 5: value_block<5, 4>(vrows, j0, j1, e + p0, o + p0, c0); break;
-                    case 4: value_block<4, 4>(vrows, j0, j1, e + p0, o + p0, c0); break;
-                    case 3: value_block<3, 4>(vrows, j0, j1, e + p0, o + p0, c0); break;
-                    case 2: value_block<2, 4>(vrows, j0, j1, e + p0, o + p0, c0); break;
-                    default: value_block<1, 4>(vrows, j0, j1, e + p0, o + p0, c0); break;
-                }
-            }
-    }
-
-    SPECDEC_AVX512F static float softmax(float* s, int64_t n) { return softmax_avx512(s, n); }
-
-    template <typename B>   // dst = o * inv, rounded to B
-    SPECDEC_AVX512F static void store(const float* o, float inv, int64_t d, B* dst) {
-        const __m512 v = _mm512_set1_ps(inv);
-        for (int64_t i = 0; i < d; i += 16) vstore(dst + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), v));
-    }
-
-    template <typename B>   // d values to fp32
-    SPECDEC_AVX512F static void to_f32(const B* x, int64_t d, float* out) {
-        for (int64_t i = 0; i < d; i += 16) _mm512_storeu_ps(out + i, vload(x + i));
-    }
-};
+}
 
 // Eight keys' scores at once: a[j] (8 floats) holds key j's lane partials; lane j of the result is their sum by one
 // tree (in each 128-bit half elements 0+2 and 1+3, then the two; then the halves).
@@ -452,18 +424,26 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
             const T* kc = kbase[task.seq] + g * cap * d;
             const T* vc = vbase[task.seq] + g * cap * d;
 #ifdef SPECDEC_HAVE_AVX512
-            if (path == specdec::kOpsAvx512 || path == specdec::kOpsAvx2) {
-                auto* run = path == specdec::kOpsAvx512 ? &attend_rows<Avx512, B> : &attend_rows<Avx2, B>;
-                run(row_keys.data() + task.first, int(task.nrows), int(task.nh),
-                    reinterpret_cast<const B*>(qp + task.head * qs1), qs0, qs1, reinterpret_cast<const B*>(kc),
-                    reinterpret_cast<const B*>(vc), d, scale, reinterpret_cast<B*>(op + task.head * d), hq * d,
-                    rows_scratch);
+            if (path == specdec::kOpsAvx2) {
+                attend_rows<Avx2, B>(row_keys.data() + task.first, int(task.nrows), int(task.nh),
+                                     reinterpret_cast<const B*>(qp + task.head * qs1), qs0, qs1,
+                                     reinterpret_cast<const B*>(kc), reinterpret_cast<const B*>(vc), d, scale,
+                                     reinterpret_cast<B*>(op + task.head * d), hq * d, rows_scratch);
                 continue;
             }
 #endif
             for (int64_t r = task.first; r < task.first + task.nrows; ++r) {
                 const RowKeys& rk = row_keys[r];
-                if (int64_t(scratch.size()) < rk.nkeys) scratch.resize(rk.nkeys + 256);
+                if (int64_t(scratch.size()) < task.nh * rk.nkeys) scratch.resize(task.nh * rk.nkeys + 256);
+#ifdef SPECDEC_HAVE_AVX512
+                if (path == specdec::kOpsAvx512) {
+                    attend_heads<B>(int(task.nh), reinterpret_cast<const B*>(qp + rk.row * qs0 + task.head * qs1),
+                                    qs1, reinterpret_cast<const B*>(kc), reinterpret_cast<const B*>(vc), d, rk.nkeys,
+                                    rk.slots, scale, scratch.data(),
+                                    reinterpret_cast<B*>(op + rk.row * hq * d + task.head * d), d);
+                    continue;
+                }
+#endif
                 for (int64_t h = task.head; h < task.head + task.nh; ++h)
                     attend_scalar<T>(qp + rk.row * qs0 + h * qs1, kc, vc, d, rk.nkeys, rk.slots, scale, scratch.data(),
                                      op + rk.row * hq * d + h * d);

@@ -178,9 +178,9 @@ def test_decode_rows_match_aten_attention(dtype, d, path):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_rows_are_the_same_alone_or_verified_together(dtype, path):
-    """A one-token step at position p and row p of a 19-row verification (or prompt chunk) give the same bits: the
-    rows attend in blocks of 8 sharing each key's loads, but every row's scores, softmax and value sums are its own,
-    over exactly keys 0..p in the same order (csrc/attention.cpp's invariant), whatever the block boundaries."""
+    """A one-token step at position p and row p of a 19-row verification (or prompt chunk) give the same bits: on
+    AVX2 the rows attend in blocks of 8 sharing each key's loads, but every row's scores, softmax and value sums are
+    its own, over exactly keys 0..p in the same order (csrc/attention.cpp's invariant), whatever the blocks."""
     hq, hkv, d, t = 12, 2, 128, 19
     for cached in (5, 60, 63, 120, 333):
         q, k, v = (_rand(t, h, d, dtype=dtype, seed=s + cached) for h, s in ((hq, 50), (hkv, 51), (hkv, 52)))
