@@ -22,8 +22,8 @@ namespace {
 // instead of ATen's: each (row, head) over exactly its keys 0..pos, in a fixed order, fp32 throughout. A row's
 // result therefore depends on its position only -- never on how many rows share the call or how the keys are
 // padded -- and a one-token step costs microseconds instead of ATen's ~100 us of per-call set-up per layer. The
-// vector paths take the rows of a sequence in blocks that share every key's loads (attend_rows); the scalar path
-// goes row by row. Other prompt rows keep ATen's flash attention, in key-block runs.
+// AVX2 path takes the rows of a sequence in blocks that share every key's loads (attend_rows); AVX-512 and the
+// scalar path go row by row. Other prompt rows keep ATen's flash attention, in key-block runs.
 
 // Which cache slot a row's j-th key is in: keys 0..nprefix-1 are slots 0..nprefix-1; a token-tree row's further
 // keys are its path's slots (its ancestors in the tree, then itself), in depth order. A chain row has no path
@@ -310,27 +310,27 @@ struct RowsScratch {
 
 // Keys or values j0 .. j0 + n of a row (slots `slot`) as fp32 row pointers: into the cache when it holds fp32, else
 // converted once into buf, where every pair of the task reads them.
-template <typename K, typename B>
+template <typename B>
 void rows_f32(const B* cache, int64_t d, KeySlots slot, int64_t j0, int n, float* buf, const float** ptrs) {
     for (int j = 0; j < n; ++j) {
         const B* src = cache + slot(j0 + j) * d;
         if constexpr (std::is_same_v<B, float>) {
             ptrs[j] = src;
         } else {
-            K::to_f32(src, d, buf + j * d);
+            Avx2::to_f32(src, d, buf + j * d);
             ptrs[j] = buf + j * d;
         }
     }
 }
 
-// rows[0 .. nrows) of one sequence, query heads 0 .. nh - 1 of q / out (one KV group, caches kc / vc), on the
-// vector kernels K: scores of the keys every row has (the prefix they share, a block of 16 or 8 keys at a time) for
-// every pair, then each row's own keys for its pairs; the softmax per pair; the values of the shared keys a chunk
-// at a time for every pair, then each row's own keys.
-template <typename K, typename B>
+// rows[0 .. nrows) of one sequence, query heads 0 .. nh - 1 of q / out (one KV group, caches kc / vc), on the AVX2
+// kernels: scores of the keys every row has (the prefix they share, a block of 8 keys at a time) for every pair,
+// then each row's own keys for its pairs; the softmax per pair; the values of the shared keys a chunk at a time for
+// every pair, then each row's own keys.
+template <typename B>
 void attend_rows(const RowKeys* rows, int nrows, int nh, const B* q, int64_t qs0, int64_t qs1, const B* kc,
                  const B* vc, int64_t d, float scale, B* out, int64_t os0, RowsScratch& w) {
-    constexpr int L = K::kLanes;
+    constexpr int L = Avx2::kLanes;
     constexpr int64_t kChunk = 32;                 // value rows converted at a time (16 KB at d = 128: L1)
     const int np = nrows * nh;
     int64_t shared = rows[0].nkeys, most = 0;      // keys every row has at the same slots; the longest row
@@ -349,7 +349,7 @@ void attend_rows(const RowKeys* rows, int nrows, int nh, const B* q, int64_t qs0
     std::vector<float*> s(np), o(np);
     for (int r = 0, p = 0; r < nrows; ++r)
         for (int h = 0; h < nh; ++h, ++p) {
-            K::to_f32(q + rows[r].row * qs0 + h * qs1, d, w.qf.data() + p * d);
+            Avx2::to_f32(q + rows[r].row * qs0 + h * qs1, d, w.qf.data() + p * d);
             s[p] = w.s.data() + p * stride;
             o[p] = w.o.data() + p * d;
         }
@@ -358,27 +358,27 @@ void attend_rows(const RowKeys* rows, int nrows, int nh, const B* q, int64_t qs0
     auto score_keys = [&](KeySlots slot, int64_t j0, int64_t j1, int first_pair, int pairs) {
         for (; j0 < j1; j0 += L) {
             const int nk = int(std::min<int64_t>(L, j1 - j0));
-            rows_f32<K, B>(kc, d, slot, j0, nk, w.kf.data(), ptrs);
+            rows_f32<B>(kc, d, slot, j0, nk, w.kf.data(), ptrs);
             for (int j = nk; j < L; ++j) ptrs[j] = w.zero.data();
-            K::scores(w.qf.data() + first_pair * d, pairs, ptrs, nk, d, scale, s.data() + first_pair, j0, w.A.data());
+            Avx2::scores(w.qf.data() + first_pair * d, pairs, ptrs, nk, d, scale, s.data() + first_pair, j0, w.A.data());
         }
     };
     auto value_keys = [&](KeySlots slot, int64_t j0, int64_t j1, int first_pair, int pairs) {
         for (; j0 < j1; j0 += kChunk) {
             const int n = int(std::min<int64_t>(kChunk, j1 - j0));
-            rows_f32<K, B>(vc, d, slot, j0, n, w.vf.data(), ptrs);
-            K::values(ptrs, d, j0, j0 + n, s.data() + first_pair, o.data() + first_pair, pairs);
+            rows_f32<B>(vc, d, slot, j0, n, w.vf.data(), ptrs);
+            Avx2::values(ptrs, d, j0, j0 + n, s.data() + first_pair, o.data() + first_pair, pairs);
         }
     };
     score_keys(direct, 0, shared, 0, np);
     for (int r = 0; r < nrows; ++r) score_keys(rows[r].slots, shared, rows[r].nkeys, r * nh, nh);
     std::vector<float> inv(np);
     for (int r = 0, p = 0; r < nrows; ++r)
-        for (int h = 0; h < nh; ++h, ++p) inv[p] = 1.0f / K::softmax(s[p], rows[r].nkeys);
+        for (int h = 0; h < nh; ++h, ++p) inv[p] = 1.0f / Avx2::softmax(s[p], rows[r].nkeys);
     value_keys(direct, 0, shared, 0, np);
     for (int r = 0; r < nrows; ++r) value_keys(rows[r].slots, shared, rows[r].nkeys, r * nh, nh);
     for (int r = 0, p = 0; r < nrows; ++r)
-        for (int h = 0; h < nh; ++h, ++p) K::store(o[p], inv[p], d, out + rows[r].row * os0 + h * d);
+        for (int h = 0; h < nh; ++h, ++p) Avx2::store(o[p], inv[p], d, out + rows[r].row * os0 + h * d);
 }
 #endif
 
@@ -425,10 +425,10 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
             const T* vc = vbase[task.seq] + g * cap * d;
 #ifdef SPECDEC_HAVE_AVX512
             if (path == specdec::kOpsAvx2) {
-                attend_rows<Avx2, B>(row_keys.data() + task.first, int(task.nrows), int(task.nh),
-                                     reinterpret_cast<const B*>(qp + task.head * qs1), qs0, qs1,
-                                     reinterpret_cast<const B*>(kc), reinterpret_cast<const B*>(vc), d, scale,
-                                     reinterpret_cast<B*>(op + task.head * d), hq * d, rows_scratch);
+                attend_rows<B>(row_keys.data() + task.first, int(task.nrows), int(task.nh),
+                               reinterpret_cast<const B*>(qp + task.head * qs1), qs0, qs1,
+                               reinterpret_cast<const B*>(kc), reinterpret_cast<const B*>(vc), d, scale,
+                               reinterpret_cast<B*>(op + task.head * d), hq * d, rows_scratch);
                 continue;
             }
 #endif
