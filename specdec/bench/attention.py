@@ -60,14 +60,11 @@ def forward_ms(model_arg: str, contexts: list[int], rows: list[int], reps: int,
                quantization: str | None = None) -> dict[tuple[int, int], float]:
     """{(context, rows): ms} of whole forwards of the model (min over reps, every rows count timed in each round)."""
     from ..models.loader import default_quantization, load_model
-    from ..policy.measure import forward_times
+    from ..policy.measure import forward_times_by_context
 
     lm = load_model(model_arg, progress=False, quantization=quantization or default_quantization(model_arg))
-    out = {}
-    for c in contexts:
-        for r, t in forward_times(lm.model, rows, c, reps).items():
-            out[c, r] = t * 1e3
-    return out
+    by = forward_times_by_context(lm.model, rows, sorted(contexts), reps)
+    return {(c, r): t * 1e3 for c, times in by.items() for r, t in times.items()}
 
 
 def _table(ms: dict, contexts: list[int], rows: list[int], name: str) -> None:
@@ -97,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [int(x) for x in args.rows.split(",")]
     if args.model:
         ms = forward_ms(args.model, contexts, rows, args.reps, args.quantization)
+        contexts = sorted({c for c, _ in ms})                # cut to the model's window where it ends sooner
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms per forward of {args.model} "
               f"({args.quantization or 'quantization as serve picks it'}), decode rows after `context` cached tokens, "
               f"best of {args.reps}")

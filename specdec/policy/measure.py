@@ -41,14 +41,21 @@ def _time_rows(model, kv, ns: list[int], context: int, repeats: int) -> dict[int
 def _primed_cache(model, context: int, rows: int):
     """A fresh cache holding `context` rows of fixed tokens (fewer where the model's positions end), with room for
     `rows` more -> (kv, context)."""
-    from ..models.runner import Span, forward_spans
-
-    vocab = model.embed_tokens.weight.shape[0]
     context = min(context, model.config.max_position_embeddings - rows - 2)
     kv = model.new_kv()
     kv.resize(-(-(context + rows + 1) // model.key_block) * model.key_block)
-    forward_spans(model, [Span(kv, 0, [(i * 31 + 7) % vocab for i in range(context)], "none")])
+    _extend(model, kv, 0, context)
     return kv, context
+
+
+def _extend(model, kv, start: int, end: int) -> None:
+    """Prefill the fixed tokens of positions start..end-1 into kv (nothing when end <= start)."""
+    from ..models.runner import Span, forward_spans
+
+    if end <= start:
+        return
+    vocab = model.embed_tokens.weight.shape[0]
+    forward_spans(model, [Span(kv, start, [(i * 31 + 7) % vocab for i in range(start, end)], "none")])
 
 
 def large_row_points(k_max: int, max_rows: int) -> list[int]:
@@ -102,17 +109,12 @@ CONTEXT_BUCKETS = (1024, 2048, 4096)    # contexts measured past the short one (
 def forward_times_by_context(model, ns: list[int], contexts: list[int], repeats: int) -> dict[int, dict[int, float]]:
     """{context: forward_times(...) at that context} for ascending contexts, on one cache that a prefill extends
     from one context to the next (so the longest prompt is read once, not once per context)."""
-    from ..models.runner import Span, forward_spans
-
-    vocab = model.embed_tokens.weight.shape[0]
-    kv = model.new_kv()
-    kv.resize(-(-(max(contexts) + max(ns) + 1) // model.key_block) * model.key_block)
-    out, done = {}, 0
+    top = model.config.max_position_embeddings - max(ns) - 2           # where the model's positions end
+    contexts = sorted({min(c, top) for c in contexts})
+    kv, done = _primed_cache(model, 0, contexts[-1] + max(ns))
+    out = {}
     for c in contexts:
-        c = min(c, model.config.max_position_embeddings - max(ns) - 2)
-        if c <= done and out:
-            continue
-        forward_spans(model, [Span(kv, done, [(i * 31 + 7) % vocab for i in range(done, c)], "none")])
+        _extend(model, kv, done, c)
         done = c
         out[c] = _time_rows(model, kv, ns, c, repeats)
     return out

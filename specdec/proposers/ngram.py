@@ -55,8 +55,7 @@ class NgramProposer(Proposer):
         return lookup_guess(ctx.token_ids, room, ctx.prompt_lookup_max, ctx.prompt_lookup_min, ctx.constraint)
 
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
-        return [Draft(torch.tensor(lookup_guess(c.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min,
-                                                c.constraint)[1], dtype=torch.long)) for c, k in zip(ctxs, ks)]
+        return [Draft(torch.tensor(self.match(c, k)[1], dtype=torch.long)) for c, k in zip(ctxs, ks)]
 
 
 # k 8: nearly free to propose, it keeps gaining up to k=8 on edit-style prompts (docs/tuning.md)
