@@ -5,12 +5,7 @@
 # the AVX-512 and AVX2 paths. Writes $OUT/avx512-tests.log and $OUT/avx512-bench.txt.
 set -uo pipefail
 OUT=${OUT:-docs/benchmarks/attention}
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        || exit 1
-    export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source docs/benchmarks/device_env.sh
 {
     lscpu | grep -E "Model name|^CPU\(s\)|Flags" | sed 's/Flags:.*\(avx512[a-z_0-9 ]*\).*/AVX-512: yes/'
     grep -o 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' '; echo

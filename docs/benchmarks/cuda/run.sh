@@ -5,12 +5,7 @@
 # Writes $OUT/cuda-tests.log (OUT defaults to docs/benchmarks/cuda/).
 set -uo pipefail
 OUT=${OUT:-docs/benchmarks/cuda}
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        || exit 1
-    export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source docs/benchmarks/device_env.sh
 {
     date -u +%FT%TZ
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
