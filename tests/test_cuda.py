@@ -11,9 +11,7 @@ import torch
 
 from specdec.config import SpeculativeConfig
 from specdec.engine import LLMEngine
-from specdec.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
 from specdec.models.loader import load_model
-from specdec.models.medusa import MedusaConfig, MedusaHeads
 from specdec.models.runner import forward_once
 from specdec.sampling_params import SamplingParams
 
@@ -29,17 +27,10 @@ NEAR_TIE = {torch.float32: 0.0, torch.bfloat16: 0.25}
 
 
 def _heads(model, dtype):
-    c = model.config
-    torch.manual_seed(0)
-    e3 = Eagle3Head(Eagle3Config(c.hidden_size, 96, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size, 200,
-                                 aux_layers=default_aux_layers(c.num_layers)))
-    med = MedusaHeads(MedusaConfig(c.hidden_size, c.vocab_size, 3, 1, 0))
-    for m in (e3, med):
-        for p in m.parameters():
-            if p.dim() == 2:
-                torch.nn.init.normal_(p, 0, 0.2)
-    e3.set_vocab(torch.randperm(c.vocab_size)[:200].sort().values)
-    return {"eagle3": e3.to(DEVICE, dtype).eval(), "medusa": med.to(DEVICE, dtype).eval()}
+    """test_heads' random EAGLE-3 head and Medusa heads for this target, on the device."""
+    from test_heads import _eagle3, _medusa
+
+    return {"eagle3": _eagle3(model).to(DEVICE, dtype).eval(), "medusa": _medusa(model).to(DEVICE, dtype).eval()}
 
 
 @pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
