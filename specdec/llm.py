@@ -7,6 +7,7 @@ machine and cached), and drives the engine's `step()` for the prompts it is give
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Iterator
 
@@ -20,10 +21,14 @@ from .loading import LoadedModels, load_models
 from .models.heads import LoadedHead
 from .models.loader import LoadedModel
 from .policy import CostModel, PolicyConfig
+from .policy.cost_model import read_cost_file
 from .policy.measure import measure_cost_model
 from .policy.pools import SpeculationPolicy
 from .proposers.ngram import find_ngram_continuation
 from .sampling_params import SamplingParams
+from .utils import set_aside
+
+log = logging.getLogger("specdec")
 
 COST_MODEL_REVISION = 11     # part of the cost-model cache key and of the file: 11 = V(n) and c by context buckets
                              # (rows attending in blocks), 10 = also at a long context, 9 = heads
@@ -70,7 +75,7 @@ class LLM:
         self._ids = itertools.count()
         for name, path in self._state_files().items():
             if os.path.exists(path):
-                self.engine.proposers[name].load(path)
+                self._load_state(name, path)
 
     # -- the methods this engine runs ------------------------------------------------------------------------
     def method_names(self) -> tuple[str, ...]:
@@ -92,6 +97,15 @@ class LLM:
         """{method: path} for each loaded method whose declaration keeps a state file that EngineArgs names."""
         return {m.name: path for m in METHOD_TABLE.values()
                 if m.state_file and m.name in self.engine.proposers and (path := getattr(self.args, m.state_file))}
+
+    def _load_state(self, name: str, path: str) -> None:
+        """A method's state file, read whole; one that cannot be read is set aside (`<path>.damaged`) with one
+        warning line and the method starts empty: what it held was only ever a cache."""
+        try:
+            self.engine.proposers[name].load(path)
+        except SpecDecError as exc:
+            aside = set_aside(path)
+            log.warning("%s; set aside as %s, starting with an empty %s state", exc, aside, name)
 
     def save_state(self) -> None:
         """Write each method's state file (suffix decoding's pools to --suffix-cache), atomically."""
@@ -136,7 +150,6 @@ class LLM:
 
     def cost_model(self, k_max: int) -> CostModel:
         import hashlib
-        import json
 
         from .models.registry import cache_dir
         from .utils import write_json_atomic
@@ -151,13 +164,9 @@ class LLM:
                                  self.quantization, self.draft_quantization, COST_MODEL_REVISION,
                                  sorted((m, str(h.source), h.quantization) for m, h in self.heads.items()))))
         path = cache_dir() / "cost_models" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
-        if path.is_file():
-            try:
-                saved = json.loads(path.read_text())
-                if saved.get("revision") == COST_MODEL_REVISION and saved.get("key") == key:
-                    return CostModel.from_dict(saved)
-            except (ValueError, KeyError, TypeError):
-                pass                                 # unreadable, or another version's: measure again
+        saved = read_cost_file(path, key, COST_MODEL_REVISION)   # None: none, unreadable or another version's
+        if saved is not None:
+            return saved
         cost = measure_cost_model(self.target.model, self.draft.model if self.draft else None,
                                   lambda ids: find_ngram_continuation(ids, k_max, self.speculative.prompt_lookup_max,
                                                                       self.speculative.prompt_lookup_min), k_max,

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +24,7 @@ from torch import nn
 
 from ..config import METHOD_TABLE
 from ..errors import SpecDecError
+from ..utils import atomic_dir
 from .config import ModelConfig
 from .eagle1 import EagleConfig, EagleHead
 from .eagle3 import Eagle3Config, Eagle3Head
@@ -359,29 +357,12 @@ def save_head(module: nn.Module, method: str, out: str | Path, extra_config: dic
     from safetensors.torch import save_file
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     cfg = {**module.cfg.to_hf(), **(extra_config or {})}
     state = hf_state(module, method)
     state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in state.items()}
     if int8:
         state = quantize_int8_rows(state)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out, replace=True) as tmp:
         save_file(state, str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)                  # mkdtemp's 0700 would hide the head from other users
-        os.chmod(tmp / "model.safetensors", 0o666 & ~umask)
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(out, old)
-        os.rename(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

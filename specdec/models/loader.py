@@ -4,15 +4,17 @@ A model argument is a built-in name, a `.gguf` file, or an HF-format directory (
 *.safetensors + tokenizer.json). The first load converts the weights to the runtime dtype with fused
 QKV / gate-up matrices and stores them as safetensors (plus the built tokenizer) under
 `<cache>/converted/`; later loads read those back in seconds. Cache entries are written to a temporary
-directory and renamed into place, so an interrupted conversion leaves nothing that looks complete.
+directory and renamed into place, so an interrupted conversion leaves nothing that looks complete; each records
+its source's sha256, so weights are never read for a source whose bytes changed.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,9 +25,12 @@ import torch
 
 from ..errors import SpecDecError
 from ..tokenizer import Tokenizer
+from ..utils import atomic_dir, write_json_atomic
 from .config import ModelConfig
 from .qwen2 import Transformer
 from .registry import BUILTIN_MODELS, assemble, cache_dir
+
+log = logging.getLogger("specdec")
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
           "float16": torch.float16, "fp16": torch.float16}
@@ -110,21 +115,58 @@ def _source_key(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _atomic_dir(final: Path, fill) -> None:
-    """Run fill(tmpdir) and rename tmpdir to final; never leaves a half-written `final`."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+def _source_files(path: Path) -> list[Path]:
+    return [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+
+
+def _source_stat(path: Path) -> list:
+    """What changes whenever a source file's bytes may have: size, times (ctime too: a copy that preserves the
+    modification time, or a write through another name, still sets it) and inode."""
+    return [[f.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino] for f in _source_files(path)
+            for st in [f.stat()]]
+
+
+def _source_digest(path: Path) -> str:
+    """sha256 over the source's files, names and bytes (~1.5 s a GB)."""
+    h = hashlib.sha256()
+    for f in _source_files(path):
+        h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
+        with open(f, "rb") as fh:
+            h.update(hashlib.file_digest(fh, "sha256").digest())
+    return h.hexdigest()
+
+
+SOURCE_RECORD = "source.json"      # in a cache entry: the source's checksum, and the stat it was last verified at
+
+
+def _record_source(entry: Path, source: Path, digest: str) -> None:
+    write_json_atomic(entry / SOURCE_RECORD, {"sha256": digest, "stat": _source_stat(source)})
+
+
+def _made_from(entry: Path, source: Path) -> bool:
+    """Whether the entry was converted from the bytes `source` holds now. While the source's stat is the one
+    recorded, the record is trusted (ccache's direct mode: no hashing at start); otherwise the source is hashed
+    again and compared. An entry from before records were kept is hashed once and trusted, as it always was."""
     try:
-        fill(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process finished first; theirs is as good as ours
-            if not final.is_dir():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        record = json.loads((entry / SOURCE_RECORD).read_text())
+        digest, stat = record["sha256"], record["stat"]
+    except (OSError, ValueError, KeyError, TypeError):
+        digest = stat = None
+    if stat is not None and stat == json.loads(json.dumps(_source_stat(source))):
+        return True
+    now = _source_digest(source)
+    if digest is not None and digest != now:
+        return False
+    _record_source(entry, source, now)
+    return True
+
+
+def _drop_entry(entry: Path) -> None:
+    """Remove a cache entry: renamed away first, so nothing ever sees it half-removed."""
+    with contextlib.suppress(FileNotFoundError):
+        gone = entry.with_name(f".{entry.name}.{os.getpid()}.gone")
+        os.rename(entry, gone)
+        shutil.rmtree(gone, ignore_errors=True)
 
 
 # -- conversion: HF-named float32 tensors -> our fused, runtime-dtype state dict -----------------------
@@ -217,6 +259,52 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _convert(source: Path, entry: Path, dtype: torch.dtype, scheme: str, int4_exact: bool, progress: bool) -> None:
+    """Convert the source into a new cache entry (written whole, or not at all), with the source's checksum."""
+    from safetensors.torch import save_file
+
+    digest = _source_digest(source)
+    if source.is_file():
+        cfg, state, tok = _convert_gguf(source, dtype, progress, int4=scheme == "int4", int4_exact=int4_exact)
+    else:
+        cfg, state, tok = _convert_hf_dir(source, dtype)
+    meta = None
+    if scheme == "int4":
+        from .quantization.convert import to_int4_state
+
+        state, meta = to_int4_state(state)
+    with atomic_dir(entry) as tmp:
+        save_file(state, str(tmp / "model.safetensors"), metadata=meta)
+        (tmp / "config.json").write_text(cfg.to_json())
+        tok.save(tmp)
+        _record_source(tmp, source, digest)
+
+
+def _read_entry(entry: Path, device: torch.device, scheme: str):
+    """The model (weights assigned, before quantizing or packing), tokenizer and config of a cache entry."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    cfg = ModelConfig.from_json_file(entry / "config.json")
+    tokenizer = Tokenizer.load(entry)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    state = load_file(str(entry / "model.safetensors"), device=str(device))
+    packed = None
+    if scheme == "int4":
+        from .quantization.convert import split_int4_state
+
+        with safe_open(str(entry / "model.safetensors"), "pt") as f:
+            state, packed = split_int4_state(state, f.metadata())
+        missing, unexpected = model.load_state_dict(state, assign=True, strict=False)
+        if unexpected or set(missing) != {f"{n}.weight" for n in packed}:
+            raise ValueError(f"int4 cache entry does not match the model (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]})")
+    else:
+        model.load_state_dict(state, assign=True, strict=True)
+    return model, tokenizer, cfg, packed
+
+
 def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | torch.device | None = None,
                progress: bool = True, pack: bool = True, quantization: str | None = None,
                quantize: str | None = None, int4_exact: bool = True) -> LoadedModel:
@@ -228,10 +316,9 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
     Q5_0 blocks are kept without loss). int4 has its own conversion-cache entry (`<dtype>-int4-v<N>`).
     int4_exact=False (drafts) re-quantizes the 6- and 8-bit blocks to 4 bits too (lossy, ~30% fewer bytes to read;
     cache entry `<dtype>-int4-v<N>-4bit`): a draft's tokens are verified, so only its speed matters.
+    An entry carries its source's checksum (converted again when the source's bytes changed) and a damaged entry is
+    converted again, with one warning line.
     """
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
-
     from .quantization import quantize_model, resolve_scheme
 
     t0 = time.perf_counter()
@@ -250,42 +337,25 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
         from .quantization.blocks import FORMAT_VERSION
 
         entry = entry.with_name(f"{entry.name}-int4-v{FORMAT_VERSION}" + ("" if int4_exact else "-4bit"))
+    if (entry / "model.safetensors").is_file() and not _made_from(entry, source):
+        log.warning("converted weights in %s were made from another %s (its checksum changed under the same name, "
+                    "size and time): converting it again", entry, source.name)
+        _drop_entry(entry)
     converted = False
     if not (entry / "model.safetensors").is_file():
+        _convert(source, entry, dtype, scheme, int4_exact, progress)
         converted = True
-        if source.is_file():
-            cfg, state, tok = _convert_gguf(source, dtype, progress, int4=scheme == "int4", int4_exact=int4_exact)
-        else:
-            cfg, state, tok = _convert_hf_dir(source, dtype)
-        meta = None
-        if scheme == "int4":
-            from .quantization.convert import to_int4_state
-
-            state, meta = to_int4_state(state)
-
-        def fill(tmp: Path):
-            save_file(state, str(tmp / "model.safetensors"), metadata=meta)
-            (tmp / "config.json").write_text(cfg.to_json())
-            tok.save(tmp)
-
-        _atomic_dir(entry, fill)
-        del state
-    cfg = ModelConfig.from_json_file(entry / "config.json")
-    tokenizer = Tokenizer.load(entry)
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    state = load_file(str(entry / "model.safetensors"), device=str(device))
-    if scheme == "int4":
-        from .quantization.convert import split_int4_state
-
-        with safe_open(str(entry / "model.safetensors"), "pt") as f:
-            state, packed = split_int4_state(state, f.metadata())
-        missing, unexpected = model.load_state_dict(state, assign=True, strict=False)
-        if unexpected or set(missing) != {f"{n}.weight" for n in packed}:
-            raise SpecDecError(f"{entry}: int4 cache entry does not match the model (missing {missing[:3]}, "
-                               f"unexpected {unexpected[:3]})")
-    else:
-        model.load_state_dict(state, assign=True, strict=True)
+    try:
+        model, tokenizer, cfg, packed = _read_entry(entry, device, scheme)
+    except Exception as exc:  # noqa: BLE001 - a damaged cache is never a reason not to start: convert again
+        if isinstance(exc, MemoryError):
+            raise
+        log.warning("converted weights in %s are damaged (%s: %s): converting %s again", entry,
+                    type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "", source.name)
+        _drop_entry(entry)
+        _convert(source, entry, dtype, scheme, int4_exact, progress)
+        converted = True
+        model, tokenizer, cfg, packed = _read_entry(entry, device, scheme)
     model.eval().requires_grad_(False)
     if scheme == "int4":
         quantize_model(model, "int4", packed)

@@ -138,6 +138,25 @@ class CostModel:
                          draft_prefill_s=self.draft_prefill_s)
 
 
+def read_cost_file(path, key: str, revision: int) -> CostModel | None:
+    """The cost model a cache file holds for `key` at `revision`; None when there is none, it is unreadable or
+    damaged, or it was measured by another version or for another setup (then it is measured again)."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        if not isinstance(saved, dict) or saved.get("revision") != revision or saved.get("key") != key:
+            return None
+        cost = CostModel.from_dict(saved)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None
+    sane = len(cost.verify) >= 2 and all(math.isfinite(v) for v in [*cost.verify, cost.draft_step, cost.target_step_s])
+    return cost if sane else None
+
+
 def prefill_pays(cost: CostModel, context: int, max_tokens: int, speedup: float) -> bool:
     """Does a draft model that must first read a `context`-token prompt (cost.draft_prefill_s a token, paid before
     the first token) win back that time over at most `max_tokens` decode steps at `speedup`? Unknown costs: yes."""

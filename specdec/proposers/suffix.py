@@ -144,8 +144,9 @@ class SuffixProposer(Proposer):
     name = "suffix"
     free = True                       # no forward: asked while the step is planned
 
-    def __init__(self, cfg: SuffixConfig | None = None):
+    def __init__(self, cfg: SuffixConfig | None = None, vocab_size: int | None = None):
         self.cfg = cfg or SuffixConfig()
+        self.vocab_size = vocab_size              # a loaded file's tokens must be ids of this vocabulary
         self.pools: collections.OrderedDict[str, PoolCorpus] = collections.OrderedDict()
         self.seq_pools: dict[int, str] = {}
         self._lock = threading.Lock()             # learn/save may come from another thread than propose
@@ -224,20 +225,32 @@ class SuffixProposer(Proposer):
             tmp.write_text(json.dumps(data, separators=(",", ":")))
 
     def load(self, path: str) -> None:
+        """Read what `save` wrote: all of it, or nothing (SpecDecError, the pools untouched), so that a damaged file
+        (or one from another model's vocabulary) never drafts tokens that are not ids of this one."""
         from ..errors import SpecDecError
 
         try:
-            data = json.loads(open(path, encoding="utf-8").read())
-            pools = data["pools"]
-            with self._lock:
-                for name, requests in pools.items():
-                    corpus = self.pool(str(name))
-                    for r in requests:
-                        corpus.add([int(t) for t in r])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            if not isinstance(data, dict) or not isinstance(data.get("pools"), dict):
+                raise ValueError("not a suffix cache (no 'pools' object)")
+            pools = {}
+            for name, requests in data["pools"].items():
+                arrays = [np.asarray(r, dtype=np.int64) for r in requests]
+                for a in arrays:
+                    if a.ndim != 1 or (a.size and (a.min() < 0 or (self.vocab_size and a.max() >= self.vocab_size))):
+                        raise ValueError(f"pool '{name}' holds token ids outside the vocabulary")
+                pools[str(name)] = arrays
+        except (OSError, ValueError, TypeError, AttributeError, OverflowError) as exc:
             raise SpecDecError(f"--suffix-cache {path}: cannot read it ({type(exc).__name__}: {exc})") from None
+        with self._lock:
+            for name, arrays in pools.items():
+                corpus = self.pool(name)
+                for a in arrays:
+                    corpus.add(a.tolist())
 
 
-METHOD = Method("suffix", 8, "cache", prior_alpha=0.3, build=lambda ctx: SuffixProposer(), state_file="suffix_cache",
+METHOD = Method("suffix", 8, "cache", prior_alpha=0.3, build=lambda ctx: SuffixProposer(vocab_size=ctx.vocab_size),
+                state_file="suffix_cache",
                 summary="suffix decoding: the longest suffix match over the pool's past outputs and the request "
                         "itself (a token tree for greedy requests; --suffix-cache keeps the pools)")
