@@ -112,7 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--max-queued", type=int, default=64, help="requests waiting beyond this get 429")
     sv.add_argument("--served-model-name", default=None, help="model id clients use (default: the target's name)")
-    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    sv.add_argument("--api-key", action="append", default=None,
+                    help="require 'Authorization: Bearer KEY' on /v1/*; repeat for several keys, each its own tenant "
+                         "(its own prefix cache and suffix pools)")
+    sv.add_argument("--api-key-file", default=None,
+                    help="more keys, a line each: 'KEY [TENANT]' (keys naming one tenant share its caches)")
     sv.add_argument("--drain-timeout", type=float, default=30.0,
                     help="seconds SIGTERM waits for in-flight requests; the rest end with an error")
     sv.add_argument("--max-request-bytes", type=int, default=2 * 1024 * 1024,

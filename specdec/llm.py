@@ -189,8 +189,9 @@ class LLM:
 
     def generate(self, prompts: Prompt | list[Prompt] | list[int], params: SamplingParams | None = None,
                  chat: bool = True, spec: SpeculativeConfig | str | None = None, pool: str = "default",
-                 request_id: str | None = None) -> list[RequestOutput]:
-        """Run prompts (text, chat messages, or one list of token ids) to completion, batched together."""
+                 request_id: str | None = None, cache_salt: str | None = None) -> list[RequestOutput]:
+        """Run prompts (text, chat messages, or one list of token ids) to completion, batched together. cache_salt:
+        reuse cached prefixes (and suffix-pool outputs) only of requests with the same salt (vLLM's field)."""
         params = params or SamplingParams()
         if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
             batch = [list(prompts)]
@@ -200,7 +201,7 @@ class LLM:
             batch = [self.encode(p, chat) for p in prompts]
         spec = self._spec(spec)
         ids = [request_id if request_id and len(batch) == 1 else f"llm-{next(self._ids)}" for _ in batch]
-        seqs = [self.engine.add_request(rid, p, params, spec, pool) for rid, p in zip(ids, batch)]
+        seqs = [self.engine.add_request(rid, p, params, spec, pool, cache_salt) for rid, p in zip(ids, batch)]
         try:
             pending = set(ids)
             while pending:

@@ -24,7 +24,7 @@ import torch
 from ..config import AUTO, SpeculativeConfig, get_method, lookup_method
 from ..errors import SpecDecError
 from ..models.kv_manager import KVManager
-from ..models.prefix_cache import PrefixCache
+from ..models.prefix_cache import PrefixCache, salt_key
 from ..policy.cost_model import StepBudget
 from ..policy.decide import Decision, RequestFeatures, prior_alpha
 from ..proposers.base import Draft, ProposalContext, Proposer, empty_draft, tree_allowed
@@ -94,8 +94,11 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    spec: SpeculativeConfig | None = None, pool: str = "default") -> Sequence:
-        """Queue a request; it joins the running batch at a step boundary. Raises SpecDecError for bad input."""
+                    spec: SpeculativeConfig | None = None, pool: str = "default",
+                    cache_salt: str | None = None) -> Sequence:
+        """Queue a request; it joins the running batch at a step boundary. Raises SpecDecError for bad input.
+        cache_salt (vLLM's field): the request reuses prefix-cache entries and suffix-pool outputs only of requests
+        with the same salt (None: the shared partition)."""
         spec = spec or SpeculativeConfig()
         if request_id in self.seqs:
             raise SpecDecError(f"request id '{request_id}' is already running")
@@ -119,7 +122,8 @@ class LLMEngine:
         state = SpecState(spec.method, k, spec.prompt_lookup_max, spec.prompt_lookup_min, pool, spec.eagle_topk,
                           spec.num_steps or 0, prediction=spec.prediction)
         seq = Sequence(list(prompt_ids), params, self.tokenizer, self.eos_ids, self.max_model_len,
-                       request_id=request_id, spec=state, device=self.device, arrival=time.perf_counter())
+                       request_id=request_id, spec=state, device=self.device, arrival=time.perf_counter(),
+                       cache_salt=salt_key(cache_salt))
         seq.stats.method, seq.stats.num_speculative_tokens = spec.method, k
         seq.stats.prompt_tokens = len(prompt_ids)
         if params.structured_outputs is not None:
@@ -188,7 +192,7 @@ class LLMEngine:
 
         def longest(ids, room, constraint):
             ctx = ProposalContext(seq.seq_id, ids, p, None, constraint, prompt_lookup_max=sp.prompt_lookup_max,
-                                  prompt_lookup_min=sp.prompt_lookup_min, pool=sp.pool)
+                                  prompt_lookup_min=sp.prompt_lookup_min, pool=seq.corpus)
             return max((f.match(ctx, room) for f in finders), key=lambda m: (m[0], len(m[1])))
         return longest
 
@@ -402,7 +406,7 @@ class LLMEngine:
         # a tree is sized by what its rows cost at this sequence's context
         rows = functools.partial(self.row_cost, context=len(seq.token_ids)) if self.row_cost is not None else None
         return ProposalContext(seq.seq_id, seq.token_ids, seq.params, seq.generator, seq.constraint, sp.topk,
-                               min(sp.depth, k), rows, sp.prompt_lookup_max, sp.prompt_lookup_min, sp.pool,
+                               min(sp.depth, k), rows, sp.prompt_lookup_max, sp.prompt_lookup_min, seq.corpus,
                                sp.prediction)
 
     def _output(self, seq: Sequence, committed: list[int], logprobs=None) -> StepOutput:
@@ -421,7 +425,7 @@ class LLMEngine:
         self.seqs.pop(seq.request_id, None)
         self._release(seq, keep=True)
         for proposer in self.proposers.values():          # what a pool's requests generate (suffix decoding)
-            proposer.learn(seq.spec.pool, seq.prompt_ids, seq.output_ids)
+            proposer.learn(seq.corpus, seq.prompt_ids, seq.output_ids)
         d = seq.spec.decision
         if d is not None:                                 # the one place the policy hears of an outcome
             self.policy.record(seq.spec.pool, d, seq.params.temperature, seq.stats, seq.spec.controller)

@@ -113,7 +113,7 @@ class Scheduler:
             # the entry (settled, where rows are not exact); an aborted one keeps only what it computed
             tokens = seq.token_ids if seq.finished else seq.token_ids[:seq.num_computed]
             exact = seq.num_computed if self.exact_rows else min(seq.num_computed, len(seq.prompt_ids))
-            self.kv.keep(seq.seq_id, tokens, exact, extras)
+            self.kv.keep(seq.seq_id, tokens, exact, extras, seq.cache_salt)
         else:
             self.kv.free_seq(seq.seq_id)
 
@@ -183,7 +183,7 @@ class Scheduler:
         logits). False: wait, a running sequence is still prefilling a long prefix this one shares (two requests
         with one system prompt compute it once)."""
         limit = len(seq.prompt_ids) - 1
-        hit = self.kv.lookup(seq.token_ids, limit)
+        hit = self.kv.lookup(seq.token_ids, limit, seq.cache_salt)
         if seq.prefix_bound is not None:           # entries only, as far as that proposer's cache in them reaches
             if hit is not None:
                 own = hit.entry.extras.get(seq.prefix_bound)
@@ -195,7 +195,7 @@ class Scheduler:
         best = hit.target if hit is not None else 0
         ids = np.asarray(seq.prompt_ids[:limit], dtype=np.int64)
         for r in self.running:
-            if r.seq_id not in self.kv.caches:
+            if r.seq_id not in self.kv.caches or r.cache_salt != seq.cache_salt:    # another tenant's
                 continue
             shared = common_prefix(np.asarray(r.prompt_ids[:len(ids)], dtype=np.int64), ids)
             have = min(r.num_computed, len(r.prompt_ids), shared)    # computed as prompt rows, and shared

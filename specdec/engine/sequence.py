@@ -58,6 +58,8 @@ class Sequence:
     prefix_bound: str | None = None                 # a proposer whose own cache in an entry bounds the reuse
     prefix_hit: Hit | None = None                   # the entry its first chunk started from, until the step's
                                                     # proposers took their part
+    cache_salt: str = ""                            # its tenant's partition of the prefix cache and the suffix
+                                                    # pools (prefix_cache.salt_key of its cache_salt; "": shared)
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_ids)      # prompt + output
@@ -71,6 +73,12 @@ class Sequence:
         self._stop_scan = 0                         # chars already searched for stop strings
         self._holdback = max((len(s) for s in self.params.stop), default=1) - 1
         self._stopped_by_string = False
+
+    @property
+    def corpus(self) -> str:
+        """The pool name its proposers learn from and search (suffix decoding): its speculation pool, within its
+        cache_salt's partition."""
+        return f"{self.spec.pool}#{self.cache_salt}" if self.cache_salt else self.spec.pool
 
     @property
     def finished(self) -> bool:

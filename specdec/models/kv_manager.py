@@ -72,10 +72,10 @@ class KVManager:
         return kv
 
     # -- prefix caching ------------------------------------------------------------------------------------------
-    def lookup(self, token_ids: list[int], limit: int) -> Hit | None:
-        """The prefix entry to start `token_ids` from (reusing at most `limit` positions), pinned until `adopt` or
-        `unpin`; None without a prefix cache or a match."""
-        hit = self.prefix.lookup(token_ids, limit) if self.prefix is not None else None
+    def lookup(self, token_ids: list[int], limit: int, salt: str = "") -> Hit | None:
+        """The prefix entry (of partition `salt`) to start `token_ids` from (reusing at most `limit` positions),
+        pinned until `adopt` or `unpin`; None without a prefix cache or a match."""
+        hit = self.prefix.lookup(token_ids, limit, salt) if self.prefix is not None else None
         if hit is not None:
             hit.entry.pinned += 1
         return hit
@@ -92,7 +92,7 @@ class KVManager:
         if hit.entry is not None:
             hit.entry.pinned -= 1
 
-    def keep(self, seq_id: int, tokens: list[int], exact: int, extras: dict[str, SeqKV]) -> None:
+    def keep(self, seq_id: int, tokens: list[int], exact: int, extras: dict[str, SeqKV], salt: str = "") -> None:
         """A finished sequence's cache becomes a prefix entry for `tokens` (its first `exact` positions computed
         as prompt rows; the rest are settled later). Without a prefix cache: freed."""
         kv = self.caches.pop(seq_id, None)
@@ -108,7 +108,7 @@ class KVManager:
         if cap != kv.capacity:
             self.allocated += cap - kv.capacity
             kv.resize(cap)
-        for old in self.prefix.insert(tokens[:cap], kv, exact, extras):     # superseded, or the new one itself
+        for old in self.prefix.insert(tokens[:cap], kv, exact, extras, salt):     # superseded, or the new one itself
             self.allocated -= old.kv.capacity
 
     def clear_prefix_cache(self) -> None:

@@ -18,6 +18,10 @@ bits from the decode steps', so only the prompt's positions are exact at first a
 recomputed as prompt rows while the engine has nothing else to do (`settle`). The draft's K/V needs no exactness
 (its tokens are verified) and is reused as far as it matches.
 
+Tenants: an entry belongs to the cache_salt of the request that made it (vLLM's per-request field; the server adds
+the API key's tenant), and only a request with the same salt reuses it. Without that a client could learn what
+another sent: a prompt someone else sent before starts faster, and `cached_tokens` says by how many tokens.
+
 Memory: entries live in the target KV manager's budget (`max_total_tokens`); when a running sequence needs the
 room, the least recently used entries are evicted first (vLLM's automatic prefix caching and SGLang's radix cache
 evict the same way).
@@ -25,6 +29,7 @@ evict the same way).
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 from dataclasses import dataclass, field
 
@@ -40,6 +45,7 @@ class PrefixEntry:
     exact: int                          # leading positions computed as prompt rows (reusable bit for bit)
     extras: dict[str, SeqKV] = field(default_factory=dict)   # proposers' caches (a draft model's), by method
     pinned: int = 0                     # > 0 while a hit is being copied out: not evicted
+    salt: str = ""                      # the partition it belongs to (salt_key of its request's cache_salt)
     entry_id: int = field(default_factory=lambda: next(_ids))
 
     @property
@@ -49,6 +55,12 @@ class PrefixEntry:
 
 
 _ids = itertools.count()
+
+
+def salt_key(cache_salt: str | None) -> str:
+    """A request's partition: "" (shared) without a salt, else a digest of it (what is kept and shown: never the
+    salt itself, which is a secret of its tenant)."""
+    return "" if cache_salt is None else hashlib.sha256(cache_salt.encode()).hexdigest()[:32]
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -93,14 +105,17 @@ class PrefixCache:
     def nbytes(self) -> int:
         return sum(e.kv.nbytes + sum(x.nbytes for x in e.extras.values()) for e in self.entries.values())
 
-    def lookup(self, token_ids: list[int], limit: int) -> Hit | None:
-        """The entry sharing the longest reusable prefix with token_ids, reusing at most `limit` positions. The
-        caller pins the hit's entry while it copies, and counts queries and hits once the sequence is admitted."""
+    def lookup(self, token_ids: list[int], limit: int, salt: str = "") -> Hit | None:
+        """The entry of partition `salt` sharing the longest reusable prefix with token_ids, reusing at most
+        `limit` positions. The caller pins the hit's entry while it copies, and counts queries and hits once the
+        sequence is admitted."""
         if not self.entries or limit <= 0:
             return None
         ids = np.asarray(token_ids[:limit + 1], dtype=np.int64)
         best: Hit | None = None
         for e in self.entries.values():
+            if e.salt != salt:
+                continue
             m = common_prefix(e.tokens, ids)
             hit = Hit(e, min(m, e.exact, limit), min(m, limit))
             if best is None or (hit.target, hit.matched) > (best.target, best.matched):
@@ -110,17 +125,20 @@ class PrefixCache:
         self.entries.move_to_end(best.entry.entry_id)                     # most recently used
         return best
 
-    def insert(self, tokens: list[int], kv: SeqKV, exact: int, extras: dict[str, SeqKV]) -> list[PrefixEntry]:
+    def insert(self, tokens: list[int], kv: SeqKV, exact: int, extras: dict[str, SeqKV],
+               salt: str = "") -> list[PrefixEntry]:
         """Keep a finished sequence's caches; returns the entries to free: those it supersedes (their tokens a
         prefix of the new one's, nothing exact beyond it), or the new one itself when an entry already holds all
         of its tokens exactly (a conversation's earlier turn replayed)."""
-        entry = PrefixEntry(np.asarray(tokens, dtype=np.int64), kv, min(exact, kv.length, len(tokens)), extras)
+        entry = PrefixEntry(np.asarray(tokens, dtype=np.int64), kv, min(exact, kv.length, len(tokens)), extras,
+                            salt=salt)
         for e in self.entries.values():
-            if e.exact >= len(entry.tokens) and common_prefix(e.tokens, entry.tokens) == len(entry.tokens):
+            if (e.salt == salt and e.exact >= len(entry.tokens)
+                    and common_prefix(e.tokens, entry.tokens) == len(entry.tokens)):
                 self.entries.move_to_end(e.entry_id)
                 return [entry]
         dropped = [e for e in self.entries.values()
-                   if not e.pinned and len(e.tokens) <= len(entry.tokens)
+                   if not e.pinned and e.salt == salt and len(e.tokens) <= len(entry.tokens)
                    and common_prefix(e.tokens, entry.tokens) == len(e.tokens) and e.exact <= entry.exact]
         for e in dropped:
             del self.entries[e.entry_id]

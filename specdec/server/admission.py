@@ -15,6 +15,7 @@ from ..proposers.prediction import METHOD as PREDICTION
 from ..sampling.grammar import check_grammar
 from .async_engine import QueueFull
 from .engine_client import RequestStream
+from .middleware import TENANT
 from .protocol import APIError, CompletionRequest, shown
 from .response_fields import new_id, prefix_affinity, seed_scope
 from .state import OTHER_POOL, RETRY_AFTER_S, ServerState
@@ -141,6 +142,14 @@ def queue_full(engine) -> APIError:
                     "rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
+def cache_partition(tenant: str, cache_salt: str | None) -> str | None:
+    """The engine's cache_salt for a request: its API key's tenant and its own salt together (None: neither, the
+    shared partition). A salt never reaches another tenant's partition, whatever it is."""
+    if not tenant and cache_salt is None:
+        return None
+    return f"{tenant}\0{cache_salt or ''}"
+
+
 async def admit_and_submit(state: ServerState, req, encode, raw: Request, route: str,
                             prompt_param: str) -> tuple[RequestStream, str | None]:
     """Admit (or 429), tokenize in a worker thread (the event loop keeps serving), check the context window,
@@ -181,7 +190,8 @@ async def admit_and_submit(state: ServerState, req, encode, raw: Request, route:
         try:
             handle = await engine.submit(request_id, prompt_ids, params, spec,
                                          pool=pool_for(state, req.spec_pool, route), arm=arm,
-                                         affinity=req.spec_pool or prefix_affinity(prompt_ids))
+                                         affinity=req.spec_pool or prefix_affinity(prompt_ids),
+                                         cache_salt=cache_partition(raw.scope.get(TENANT, ""), req.cache_salt))
         except QueueFull:                          # N replicas: every replica and the router's queue are full
             raise queue_full(engine) from None
     except BaseException:

@@ -60,8 +60,8 @@ def create_app(state: ServerState) -> FastAPI:
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "internal_error"), status_code=500)
 
     app.add_middleware(RequestGuard, max_bytes=lambda: state.max_request_bytes)
-    if state.api_key:
-        app.add_middleware(BearerAuth, api_key=state.api_key)      # 401 before reading any body
+    if state.api_keys:
+        app.add_middleware(BearerAuth, keys=state.api_keys)        # 401 before reading any body
     app.add_middleware(HeaderGuard)                                # outermost: 431 before anything reads them
 
     @app.get("/health")

@@ -54,6 +54,7 @@ class RequestHandle:
     first_token_at: float | None = None
     pool: str = "default"
     arm: str = "spec"
+    cache_salt: str | None = None        # the request's cache partition (admission.cache_partition)
     seq: object | None = None            # the engine's Sequence once added
     started: bool = False                # left the waiting queue (queue time observed)
     replica: str | None = None           # behind a router: the engine replica that decodes it
@@ -176,10 +177,11 @@ class AsyncEngine:
 
     async def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                      spec: SpeculativeConfig, pool: str = "default", arm: str = "spec",
-                     affinity: str | None = None) -> RequestHandle:
+                     affinity: str | None = None, cache_salt: str | None = None) -> RequestHandle:
         """Turns an admission into a request (`affinity`, the client's spec_pool tag, matters only to a router
         in front of several engines)."""
-        handle = RequestHandle(request_id, prompt_ids, params, spec, asyncio.get_running_loop(), pool=pool, arm=arm)
+        handle = RequestHandle(request_id, prompt_ids, params, spec, asyncio.get_running_loop(), pool=pool, arm=arm,
+                               cache_salt=cache_salt)
         with self._wake:
             self._reserved -= 1
             self._incoming.append(handle)
@@ -273,7 +275,7 @@ class AsyncEngine:
             return
         try:
             handle.seq = self.engine.add_request(handle.request_id, handle.prompt_ids, handle.params, handle.spec,
-                                                 handle.pool)
+                                                 handle.pool, handle.cache_salt)
         except Exception as exc:  # noqa: BLE001 - fails this request only
             handle._push(exc)
             return

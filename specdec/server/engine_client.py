@@ -48,7 +48,8 @@ class EngineClient(Protocol):
     def observe_rejected(self) -> None: ...
 
     async def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, spec: SpeculativeConfig,
-                     pool: str = "default", arm: str = "spec", affinity: str | None = None) -> RequestStream: ...
+                     pool: str = "default", arm: str = "spec", affinity: str | None = None,
+                     cache_salt: str | None = None) -> RequestStream: ...
 
     # load and health
     @property

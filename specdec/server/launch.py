@@ -3,6 +3,7 @@ ray_serve.py): the arguments checked (the engine's through EngineArgs.from_cli_a
 them, the HTTP layer's state, and the ready-to-paste examples printed at startup."""
 from __future__ import annotations
 
+import hashlib
 import sys
 
 from ..config import AUTO
@@ -45,6 +46,35 @@ WEIGHTS = {"int4": "int4 (the GGUF's quantized blocks on specdec's CPU kernels; 
            "int8": "int8 (weight-only, per channel)", "none": "the runtime dtype (--quantization none)"}
 
 
+def example_key(args) -> str | None:
+    """The key the startup examples show: the first --api-key, a placeholder for keys only in a file."""
+    if args.api_key:
+        return args.api_key[0]
+    return "KEY" if getattr(args, "api_key_file", None) else None
+
+
+def api_keys(keys: list[str] | None, key_file: str | None) -> dict[str, str]:
+    """{API key: tenant} from --api-key (repeatable) and --api-key-file (a line a key: `KEY [TENANT]`, `#`
+    comments). Each key is its own tenant (a digest of the key: never the key itself) unless the file names the
+    tenant, so several keys can share one; a single key is the one tenant "" (as before tenants existed)."""
+    out: dict[str, str | None] = {k: None for k in keys or []}
+    if key_file is not None:
+        try:
+            lines = open(key_file, encoding="utf-8").read().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecDecError(f"--api-key-file {key_file}: cannot read it ({exc.strerror or exc})") from None
+        for n, line in enumerate(lines, 1):
+            fields = line.split("#", 1)[0].split()
+            if not fields:
+                continue
+            if len(fields) > 2:
+                raise SpecDecError(f"--api-key-file {key_file}:{n}: expected 'KEY [TENANT]', got {len(fields)} fields")
+            out[fields[0]] = fields[1] if len(fields) == 2 else None
+    if len(out) == 1 and None in out.values():
+        return {k: "" for k in out}
+    return {k: t if t is not None else hashlib.sha256(k.encode()).hexdigest()[:16] for k, t in out.items()}
+
+
 def check_server_args(args) -> EngineArgs:
     """The server's own flags checked, and the engine's: the EngineArgs built from them (once: `build_engine`
     takes it from `args.engine_args`)."""
@@ -58,6 +88,7 @@ def check_server_args(args) -> EngineArgs:
         raise SpecDecError("--max-spec-pools must be >= 0")
     if args.drain_timeout < 0:
         raise SpecDecError("--drain-timeout must be >= 0")
+    api_keys(args.api_key, getattr(args, "api_key_file", None))        # a bad key file: one line, before loading
     if args.suffix_cache and (args.replicas is not None or args.ray_address or args.autoscaling_config):
         raise SpecDecError("--suffix-cache is for one server process: with --replicas each replica keeps its "
                            "pools in memory")
@@ -95,6 +126,7 @@ def server_state(engine, name: str | None, args):
     """The HTTP layer's state from `specdec serve`'s arguments (one process, or the Ray ingress)."""
     from .state import ServerState
 
-    return ServerState(engine, name, api_key=args.api_key, drain_timeout_s=args.drain_timeout,
+    return ServerState(engine, name, api_keys=api_keys(args.api_key, getattr(args, "api_key_file", None)),
+                       drain_timeout_s=args.drain_timeout,
                        traffic_fraction=args.spec_traffic_fraction, max_request_bytes=args.max_request_bytes,
                        max_spec_pools=args.max_spec_pools)

@@ -9,20 +9,33 @@ from fastapi.responses import JSONResponse
 
 from .protocol import error_body, shown
 
+TENANT = "specdec.tenant"      # the ASGI scope key BearerAuth sets: the tenant of the request's API key
+
 
 class BearerAuth:
-    """/v1/* needs the key. The scheme is case-insensitive (RFC 9110: `bearer KEY` is `Bearer KEY`); the key is
-    compared in constant time."""
+    """/v1/* needs one of the keys. The scheme is case-insensitive (RFC 9110: `bearer KEY` is `Bearer KEY`); the
+    token is compared with every key in constant time. The key's tenant goes into the scope (TENANT): admission
+    partitions the caches by it."""
 
-    def __init__(self, app, api_key: str):
+    def __init__(self, app, keys: dict[str, str]):
         self.app = app
-        self.key = api_key.encode()
+        self.keys = [(k.encode(), tenant) for k, tenant in keys.items()]
+
+    def tenant(self, token: bytes) -> str | None:
+        found = None
+        for key, tenant in self.keys:             # no early exit: the time does not tell which key matched
+            if hmac.compare_digest(token, key):
+                found = tenant
+        return found
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
             auth = dict(scope.get("headers") or []).get(b"authorization", b"")
             scheme, _, token = auth.strip().partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+            tenant = self.tenant(token.strip()) if scheme.lower() == b"bearer" else None
+            if tenant is not None:
+                scope[TENANT] = tenant
+            else:
                 resp = JSONResponse(error_body("invalid or missing API key (send 'Authorization: Bearer KEY')",
                                                "authentication_error", code="invalid_api_key"), status_code=401,
                                     headers={"WWW-Authenticate": "Bearer"})

@@ -56,6 +56,7 @@ def _valid_text(value: str) -> str:
 
 Text = Annotated[str, AfterValidator(_valid_text)]
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1      # seed: the range of OpenAI's and vLLM's int64 seed
+MAX_CACHE_SALT = 1024     # characters; vLLM suggests 43 (256 random bits, base64)
 
 
 def _unsupported(name: str, what: str | None = None) -> APIError:
@@ -110,6 +111,9 @@ class _Sampling(BaseModel):
     logprobs: bool | int | None = None
     speculative: SpeculativeOverride | None = None
     spec_pool: Text | None = Field(default=None, min_length=1, max_length=64)   # acceptance pool tag (method auto)
+    # vLLM's field: the prefix cache (and suffix pools) reuse only requests with the same salt, within the API key's
+    # tenant (admission.cache_partition)
+    cache_salt: Text | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT)
     # OpenAI fields specdec does not implement: declared so they are refused (400 naming the field) instead of
     # silently dropped; their harmless defaults pass (see check_supported).
     tools: list[Any] | None = None

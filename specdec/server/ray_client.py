@@ -151,13 +151,13 @@ class RayEngineClient:
         self.rejected.inc()
 
     async def submit(self, request_id, prompt_ids, params, spec, pool: str = "default", arm: str = "spec",
-                     affinity: str | None = None) -> RemoteHandle:
+                     affinity: str | None = None, cache_salt: str | None = None) -> RemoteHandle:
         import ray.exceptions
         from ray.serve.exceptions import BackPressureError
 
         for attempt in range(3):
             gen = self._handle.generate.remote(request_id, prompt_ids, params, spec, pool=pool, arm=arm,
-                                               affinity=affinity)
+                                               affinity=affinity, cache_salt=cache_salt)
             try:
                 first = await gen.__anext__()
             except BackPressureError:

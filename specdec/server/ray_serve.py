@@ -30,7 +30,7 @@ from dataclasses import replace
 from ..engine_args import parse_speculative_config
 from ..errors import SpecDecError
 from .async_engine import RequestAborted
-from .launch import build_engine, examples, server_state
+from .launch import api_keys, build_engine, example_key, examples, server_state
 from .ray_client import ENGINE_NAME, Accepted, Failed, RayEngineClient, Refused
 
 log = logging.getLogger("specdec.server")
@@ -63,14 +63,15 @@ class EngineReplica:
                 "default_spec": e.default_spec, "model_name": self.name}
 
     async def generate(self, request_id: str, prompt_ids: list[int], params, spec, pool: str = "default",
-                       arm: str = "spec", affinity: str | None = None):
+                       arm: str = "spec", affinity: str | None = None, cache_salt: str | None = None):
         engine = self.engine
         if not engine.try_admit():
             engine.observe_rejected()
             yield Refused(self.replica)
             return
         try:
-            handle = await engine.submit(request_id, prompt_ids, params, spec, pool=pool, arm=arm)
+            handle = await engine.submit(request_id, prompt_ids, params, spec, pool=pool, arm=arm,
+                                         cache_salt=cache_salt)
         except BaseException:
             engine.release_admission()
             raise
@@ -186,7 +187,8 @@ def _served_name(args) -> str:
     import httpx
 
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    key = next(iter(api_keys(args.api_key, getattr(args, "api_key_file", None))), None)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         return httpx.get(f"http://{host}:{args.port}/v1/models", headers=headers, timeout=10).json()["data"][0]["id"]
     except (httpx.HTTPError, KeyError, IndexError, ValueError):
@@ -229,7 +231,7 @@ def run_ray_server(args) -> int:
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)    # returns once every replica is up
-        print(examples(args.host, args.port, args.served_model_name or _served_name(args), args.api_key).replace(
+        print(examples(args.host, args.port, args.served_model_name or _served_name(args), example_key(args)).replace(
             "specdec is ready", f"specdec is ready ({args.replicas} engine replicas on Ray Serve)", 1),
             file=sys.stderr, flush=True)
         while not stop.wait(1.0):

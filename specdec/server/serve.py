@@ -6,7 +6,7 @@ import math
 import signal
 import sys
 
-from .launch import build_engine, check_server_args, examples, server_state
+from .launch import build_engine, check_server_args, example_key, examples, server_state
 
 
 def run_server(args) -> int:
@@ -34,7 +34,7 @@ def run_server(args) -> int:
         async def startup(self, sockets=None):
             await super().startup(sockets)
             if self.started:
-                print(examples(args.host, args.port, name, args.api_key, args.quantization), file=sys.stderr,
+                print(examples(args.host, args.port, name, example_key(args), args.quantization), file=sys.stderr,
                       flush=True)
 
         async def shutdown(self, sockets=None):

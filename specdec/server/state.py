@@ -19,7 +19,8 @@ OTHER_POOL = "other"          # where spec_pool tags beyond --max-spec-pools go
 class ServerState:
     engine: EngineClient             # an AsyncEngine, or a RayEngineClient in front of N engine replicas
     served_model_name: str | None        # None: the engine's model name (known once it has started)
-    api_key: str | None = None
+    api_key: str | None = None           # one key (shorthand for api_keys={key: ""})
+    api_keys: dict[str, str] = field(default_factory=dict)   # {key: tenant} (launch.api_keys); empty: no auth
     drain_timeout_s: float = 30.0
     traffic_fraction: float = 1.0        # share of requests (by request id hash) that may speculate
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
@@ -28,6 +29,10 @@ class ServerState:
     closed: bool = field(default=False, init=False)     # drain deadline passed: the engine is shut down
     pools: set = field(default_factory=set, init=False)
     drain_task: asyncio.Future | None = field(default=None, init=False)   # drain() in progress
+
+    def __post_init__(self):
+        if self.api_key and not self.api_keys:
+            self.api_keys = {self.api_key: ""}
 
     @property
     def max_model_len(self) -> int:
