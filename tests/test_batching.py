@@ -263,24 +263,51 @@ def test_a_short_prompt_is_not_queued_behind_a_long_one(pair):
 
 
 def test_prompt_chunks_shrink_to_the_itl_target_while_streams_decode():
-    """With a stream decoding, a step's prompt tokens are what fits in itl_target_s at the measured seconds per
-    prompt token (at least MIN_CHUNK); with nothing decoding, the whole budget."""
+    """With a stream decoding, a step's prompt tokens are what fits in itl_target_s at the measured cost of prompt
+    tokens (at least MIN_CHUNK); with nothing decoding, the whole budget."""
     from specdec.engine.scheduler import MIN_CHUNK, Scheduler
 
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=512, itl_target_s=0.5), kv=None)
     assert sched.prompt_budget(511, decoding=True) == 511          # nothing measured yet
-    sched.observe(0, 0.06)                                         # a decode step: 60 ms
-    sched.observe(512, 0.06 + 512 * 0.007)                         # a chunk: 7 ms a prompt token
-    assert sched.s_per_prompt_token == pytest.approx(0.007)
+    sched.observe([], 0.06)                                        # a decode step: 60 ms
+    sched.observe([(0, 512)], 0.06 + 512 * 0.007)                  # a chunk: 7 ms a prompt token
+    assert sched.chunk_cost.seconds(0, 512) == pytest.approx(512 * 0.007)
     assert sched.prompt_budget(511, decoding=True) == int((0.5 - 0.06) / 0.007)
     assert sched.prompt_budget(511, decoding=False) == 511
-    sched.observe(512, 512 * 10.0)                                 # a very slow machine: still progress
+    sched.observe([(0, 512)], 512 * 10.0)                          # a very slow machine: still progress
     assert sched.prompt_budget(511, decoding=True) == MIN_CHUNK
     off = Scheduler(SchedulerConfig(itl_target_s=None), kv=None)
-    off.observe(512, 5.0)
+    off.observe([(0, 512)], 5.0)
     assert off.prompt_budget(511, decoding=True) == 511
     with pytest.raises(ValueError, match="itl_target_s"):
         SchedulerConfig(itl_target_s=0)
+
+
+def test_chunks_are_priced_at_their_context():
+    """Chunks of a long prompt, each costing a per token plus b per token and key before it: the fit recovers a and
+    b, and a chunk at 4k tokens of context gets fewer tokens than one at the start, each within the step's room."""
+    from specdec.engine.scheduler import ChunkCost, Scheduler
+
+    a, b = 0.006, 0.5e-6                      # 6 ms a token, +0.5 us per key: a token at 4k costs 1.33x one at 0
+    cost = ChunkCost()
+    start = 0
+    for n in (128, 96, 160, 128, 64, 128, 192, 128):
+        cost.observe([(start, n)], n * (a + b * (start + n / 2)))
+        start += n
+    assert cost.a == pytest.approx(a, rel=1e-6) and cost.b == pytest.approx(b, rel=1e-6)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=512, itl_target_s=0.8), kv=None)
+    sched.observe([], 0.1)
+    sched.chunk_cost = cost
+    room = 0.8 - 0.1
+    near, far = sched.prompt_budget(511, True, start=0), sched.prompt_budget(511, True, start=4096)
+    assert far < near
+    for s, n in ((0, near), (4096, far)):
+        assert cost.seconds(s, n) <= room < cost.seconds(s, n + 1)
+    # chunks all at one context: the cost per token there, whatever the split
+    flat = ChunkCost()
+    for _ in range(4):
+        flat.observe([(1000, 100)], 100 * 0.008)
+    assert flat.seconds(1000, 100) == pytest.approx(0.8) and flat.b == 0.0
 
 
 def test_a_long_prompt_does_not_stall_a_running_stream(pair):
@@ -288,12 +315,15 @@ def test_a_long_prompt_does_not_stall_a_running_stream(pair):
     that carry prompt chunks beside the stream carry no more than the ITL target allows."""
     target, _ = pair
     engine = _engine(target, max_num_batched_tokens=64, max_num_seqs=4, itl_target_s=0.5)
-    engine.scheduler.observe(0, 0.1)
-    engine.scheduler.observe(64, 0.1 + 64 * 0.02)                  # as if prompt tokens cost 20 ms each here
+    engine.scheduler.observe([], 0.1)
+    engine.scheduler.observe([(0, 64)], 0.1 + 64 * 0.02)            # as if prompt tokens cost 20 ms each here
     stream = engine.add_request("stream", target.tokenizer.encode(PROMPTS[2]), _greedy(40))
     while not stream.output_ids:
         engine.step()
-    engine.scheduler.s_per_prompt_token, engine.scheduler.decode_step_s = 0.02, 0.1   # keep the pretend speed
+    from specdec.engine.scheduler import ChunkCost
+
+    engine.scheduler.chunk_cost, engine.scheduler.decode_step_s = ChunkCost(), 0.1     # keep the pretend speed
+    engine.scheduler.chunk_cost.observe([(0, 64)], 64 * 0.02)
     engine.scheduler.observe = lambda *a: None
     long = engine.add_request("long", (target.tokenizer.encode(PROMPTS[0] * 4) * 4)[:200], _greedy(2))
     chunks = []

@@ -53,16 +53,18 @@ async def run(url: str, chars: int) -> dict:
 
     async with httpx.AsyncClient(timeout=900) as client:
         model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
-        prompt = f"Summarize this document in two sentences.\n\n{long_text(chars)}"
+        # the two sendings differ in their first words, so a prefix cache cannot serve the second from the first
+        text = long_text(chars)
+        prompt = lambda tag: f"Summarize this document in two sentences ({tag}).\n\n{text}"   # noqa: E731
         await _stream(client, url, model, "Say hi.", 4, {})                       # warm-up
         alone: dict = {}
-        await _stream(client, url, model, prompt, 16, alone)
+        await _stream(client, url, model, prompt("first copy"), 16, alone)
         running, long, short = {}, {}, {}
         task = asyncio.create_task(_stream(client, url, model, "Write a long story about a lighthouse.", 400,
                                            running))
         while len(running.get("chunks", [])) < 10:
             await asyncio.sleep(0.05)
-        long_task = asyncio.create_task(_stream(client, url, model, prompt, 16, long))
+        long_task = asyncio.create_task(_stream(client, url, model, prompt("second copy"), 16, long))
         await asyncio.sleep(1.0)
         await _stream(client, url, model, "Say hello.", 32, short)
         await long_task

@@ -305,6 +305,7 @@ class LLMEngine:
             return []
         decodes, prefills = batch.decodes, batch.prefills
         self._restore_prefix(prefills)
+        chunks = [(seq.num_computed, n) for seq, n in prefills]             # where each starts: what it costs
         try:
             plans = self._propose(decodes, batch.num_rows)                  # 2. propose
             t1 = time.perf_counter()
@@ -333,7 +334,7 @@ class LLMEngine:
                 continue
             outputs.append(self._output(seq, committed, lps))
         # how long prompt tokens take here: the scheduler sizes the next steps' chunks by it
-        self.scheduler.observe(sum(n for _, n in prefills), time.perf_counter() - t0)
+        self.scheduler.observe(chunks, time.perf_counter() - t0)
         return outputs
 
     def _read_prompts(self, prefills: list[tuple[Sequence, int]]) -> None:

@@ -4,15 +4,17 @@ nano-vllm's schedule -> run -> postprocess, with chunked prefill beside decodes 
 sequence that decodes gets its row (plus its draft, decided later), and the rest of the step's token budget
 (`max_num_batched_tokens`) goes to prompt chunks: first prompts that finish this step (a short request is not queued
 behind a long one), then the chunks of longer running prompts, then waiting ones admitted in FIFO order while
-`max_num_seqs` and the KV budget allow. While sequences decode, a step's prompt tokens are also capped so that the
-step takes about `itl_target_s` (on a CPU a 512-token chunk takes seconds, and every stream waits for the step that
-carries it): the cap follows the measured seconds per prompt token. A request that does not fit waits; when a decoding
-sequence cannot grow, the newest running sequence is preempted (its cache freed, recomputed later from its tokens:
-vLLM's recompute preemption), so a step never fails for lack of KV.
+`max_num_seqs` and the KV budget allow. While sequences decode, a step's prompt tokens are also capped so that
+the step takes about `itl_target_s` (on a CPU a 512-token chunk takes seconds, and every stream waits for the step
+that carries it): the cap follows what prompt tokens were measured to cost at the context the chunk starts at
+(ChunkCost: a token's linears cost the same anywhere, its attention grows with the keys before it). A request
+that does not fit waits; when a decoding sequence cannot grow, the newest running sequence is preempted (its cache
+freed, recomputed later from its tokens: vLLM's recompute preemption), so a step never fails for lack of KV.
 """
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,6 +70,48 @@ SHARE_MIN = 64
 MIN_CHUNK = 16          # prompt tokens a step carries at least, however slow the machine (progress is guaranteed)
 
 
+class ChunkCost:
+    """Seconds a prompt chunk adds to a step: n tokens starting at position s cost n * (a + b * (s + n / 2)) (the
+    linears a per token; attention b per token and key before it, the chunk's rows reading s + n / 2 keys on
+    average). a and b are fitted by least squares over the steps that carried chunks, older steps weighing DECAY
+    less each. Where the chunks seen so far all sat at about one context, the two cannot be told apart: the cost per
+    token at that context is taken (b as last fitted, or 0), which is right at that context."""
+
+    DECAY = 0.8
+
+    def __init__(self):
+        self.sums = np.zeros(5)             # weighted sums of N^2, N X, X^2, N t, X t (X = sum n (s + n / 2))
+        self.a: float | None = None
+        self.b = 0.0
+
+    def observe(self, chunks: list[tuple[int, int]], seconds: float) -> None:
+        """A step's prompt chunks as (start position, tokens), and the seconds they took."""
+        n = float(sum(k for _, k in chunks))
+        x = float(sum(k * (s + k / 2) for s, k in chunks))
+        self.sums = self.DECAY * self.sums + np.array([n * n, n * x, x * x, n * seconds, x * seconds])
+        snn, snx, sxx, snt, sxt = self.sums
+        det = snn * sxx - snx * snx
+        if det > 1e-3 * snn * sxx:                   # the contexts varied enough to separate a from b
+            a, b = (snt * sxx - sxt * snx) / det, (snn * sxt - snx * snt) / det
+            if a > 0 and b >= 0:
+                self.a, self.b = a, b
+                return
+        a = (snt - self.b * snx) / snn               # keep the attention slope, refit the rest
+        self.a, self.b = (a, self.b) if a > 0 else (snt / snn, 0.0)
+
+    def tokens_within(self, seconds: float, start: int) -> int:
+        """The most prompt tokens a chunk starting at `start` may carry to take at most `seconds`."""
+        if self.a is None or seconds <= 0:
+            return 0
+        lin = self.a + self.b * start                # n * lin + (b / 2) n^2 = seconds
+        if self.b <= 0:
+            return int(seconds / lin)
+        return int((-lin + math.sqrt(lin * lin + 2 * self.b * seconds)) / self.b)
+
+    def seconds(self, start: int, n: int) -> float:
+        return 0.0 if self.a is None else n * (self.a + self.b * (start + n / 2))
+
+
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, kv: KVManager, exact_rows: bool = False):
         self.cfg = cfg
@@ -75,24 +119,24 @@ class Scheduler:
         self.exact_rows = exact_rows                    # generated tokens' K/V is reusable as computed (runner.py)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
-        self.s_per_prompt_token: float | None = None    # measured (EMA) over steps that carried prompt chunks
+        self.chunk_cost = ChunkCost()                   # fitted over steps that carried prompt chunks
         self.decode_step_s: float | None = None         # measured (EMA) over steps that carried none
 
-    def observe(self, prompt_tokens: int, seconds: float) -> None:
-        """The engine's last step: how many prompt tokens it carried and how long it took."""
-        ema = lambda old, new: new if old is None else 0.7 * old + 0.3 * new   # noqa: E731
-        if prompt_tokens == 0:
-            self.decode_step_s = ema(self.decode_step_s, seconds)
-        elif prompt_tokens >= MIN_CHUNK:
-            rest = max(seconds - (self.decode_step_s or 0.0), seconds / 2)
-            self.s_per_prompt_token = ema(self.s_per_prompt_token, rest / prompt_tokens)
+    def observe(self, chunks: list[tuple[int, int]], seconds: float) -> None:
+        """The engine's last step: its prompt chunks as (start position, tokens), and how long it took."""
+        tokens = sum(n for _, n in chunks)
+        if tokens == 0:
+            self.decode_step_s = seconds if self.decode_step_s is None else 0.7 * self.decode_step_s + 0.3 * seconds
+        elif tokens >= MIN_CHUNK:
+            self.chunk_cost.observe(chunks, max(seconds - (self.decode_step_s or 0.0), seconds / 2))
 
-    def prompt_budget(self, budget: int, decoding: bool) -> int:
-        """Prompt tokens this step may carry: the budget, or with streams decoding what fits in itl_target_s."""
-        if not decoding or self.cfg.itl_target_s is None or not self.s_per_prompt_token:
+    def prompt_budget(self, budget: int, decoding: bool, start: int = 0) -> int:
+        """Prompt tokens this step may carry: the budget, or with streams decoding what fits in itl_target_s for a
+        chunk that starts at position `start`."""
+        if not decoding or self.cfg.itl_target_s is None or self.chunk_cost.a is None:
             return budget
         room = self.cfg.itl_target_s - (self.decode_step_s or 0.0)
-        return max(min(MIN_CHUNK, budget), min(budget, int(room / self.s_per_prompt_token)))
+        return max(min(MIN_CHUNK, budget), min(budget, self.chunk_cost.tokens_within(room, start)))
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -148,7 +192,9 @@ class Scheduler:
             self.kv.ensure(seq.seq_id, need)
             batch.decodes.append(seq)
             budget -= 1
-        budget = self.prompt_budget(budget, bool(batch.decodes))
+        # priced at the furthest context a running prompt has reached: its chunk's rows read the most keys
+        start = max((s.num_computed for s in self.running if s.prefilling), default=0)
+        budget = self.prompt_budget(budget, bool(batch.decodes), start)
         # then prompt chunks: prompts that finish this step first (running, then waiting), then running sequences
         # mid-prefill, then newly admitted ones
         left = lambda seq: len(seq.token_ids) - seq.num_computed   # noqa: E731
