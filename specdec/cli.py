@@ -96,6 +96,8 @@ def cmd_bench_serve(args) -> int:
     from .bench.serve import ServeBenchConfig, render_serve_report, run_serve_bench
     from .utils import parse_json_object
 
+    if args.duration is not None:
+        return _bench_load(args)
     extra = [parse_json_object(text, "--extra-body") for text in args.extra_body]
     cfg = ServeBenchConfig(endpoints=args.endpoint, dataset=args.dataset, model=args.model,
                            concurrency=_csv(args.concurrency, int, "--concurrency"), max_tokens=args.max_tokens,
@@ -112,6 +114,21 @@ def cmd_bench_serve(args) -> int:
         return 0
     print(render_serve_report(result, []))
     print(f"wrote {args.out}/results.json, report.md and plots")
+    return 0
+
+
+def _bench_load(args) -> int:
+    from .bench.load import LoadConfig, render_load_report, run_load_bench
+
+    if len(args.endpoint) != 1:
+        raise SpecDecError("--duration runs against one --endpoint")
+    clients = _csv(args.concurrency, int, "--concurrency")
+    cfg = LoadConfig(args.endpoint[0], args.duration, clients=16 if args.concurrency == "1" else clients[0],
+                     model=args.model, api_key=args.api_key, max_tokens=args.max_tokens, seed=args.seed,
+                     replay=args.replay)
+    result = run_load_bench(cfg, args.out)
+    print(render_load_report(result["summary"], result["samples"]))
+    print(f"wrote {args.out}/results.json and report.md")
     return 0
 
 

@@ -255,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="multi-turn conversations of N turns, each resending the history (--dataset builtin: a "
                          "module's source then questions about it; sharegpt[:N]: ShareGPT conversations); reports "
                          "TTFT per turn. Interleaved by turn unless --no-interleave (turns back to back)")
+    bs.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                    help="sustained load instead (bench/load.py): --concurrency clients (default 16) send a mix of "
+                         "requests (streams, long prompts, structured outputs, sampled, client aborts; a method each) "
+                         "to the first --endpoint for SECONDS, then greedy answers are replayed alone and compared")
+    bs.add_argument("--replay", type=int, default=24, help="--duration: greedy requests replayed alone afterwards")
     bs.add_argument("--think-time", type=float, default=0.0,
                     help="--turns: seconds to pause after each answer before the next request (a user reading)")
     return parser

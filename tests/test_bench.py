@@ -1,4 +1,6 @@
 """`specdec bench` subcommands: what was `bench decode` is `bench offline` now (one A/B path, one report)."""
+import json
+
 import pytest
 
 from specdec.cli import main
@@ -209,3 +211,31 @@ def bs_conversations():
     from specdec.bench.conversations import load_conversations
 
     return load_conversations("builtin", 3)
+
+
+def test_sustained_load_mix_against_a_small_server(tiny_dirs, tmp_path, capsys):
+    """`bench serve --duration`: more clients than the server admits, a mix of kinds and methods, aborts: no 5xx,
+    every 429 with Retry-After, memory sampled, and the greedy answers replayed alone identical."""
+    from server_utils import draft_llm, running_server
+
+    from specdec import SpeculativeConfig
+    from specdec.cli import main
+
+    llm = draft_llm(tiny_dirs)
+    with running_server(llm, SpeculativeConfig(method="draft", num_speculative_tokens=3), max_queued=1,
+                        max_num_seqs=2) as (url, _):
+        out = tmp_path / "load"
+        rc = main(["bench", "serve", "--endpoint", url, "--duration", "6", "--concurrency", "6", "--max-tokens", "12",
+                   "--replay", "6", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads((out / "results.json").read_text())
+    s = result["summary"]
+    assert s["requests"] > 10 and s["server_errors_5xx"] == 0
+    # the only errors: prompts longer than the tiny model's 256-token window, refused in a clean 400
+    assert all(e.startswith("400: This model's maximum context length") for e in s["clean_errors"])
+    assert s["rate_limited_429"] > 0 and s["rate_limited_with_retry_after"] == s["rate_limited_429"]
+    assert sum(row["aborted"] for row in s["by_kind"].values()) > 0
+    assert {r["method"] for r in result["requests"]} >= {"", "none", "draft", "ngram"}
+    assert s["replayed"] >= 3 and s["replayed_identical"] == s["replayed"]
+    assert s["incomplete"] == 0 and s["rss_mb"]["start"] > 0 and s["ttft_s"]["p50"] <= s["ttft_s"]["p99"]
+    assert "greedy answers replayed alone" in (out / "report.md").read_text()

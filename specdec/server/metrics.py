@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
 _TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
@@ -14,6 +14,7 @@ MAX_POSITIONS = 32
 class ServerMetrics:
     def __init__(self, model_name: str):
         self.registry = r = CollectorRegistry()
+        ProcessCollector(registry=r)     # process_resident_memory_bytes, _cpu_seconds_total, ... (as vLLM exports)
         lbl = {"model_name": model_name}
         self._lbl = lbl
         names = ["model_name"]
