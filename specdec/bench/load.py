@@ -142,13 +142,26 @@ async def _sample(client, url: str, headers: dict, t0: float) -> dict:
         status = (await client.get(url + "/v1/speculative/status", headers=headers)).json()
     except ValueError:
         status = {}
-    suffix = next((m.get("status", {}) for m in status.get("methods", []) if m.get("method") == "suffix"), {})
+    # what the methods keep learning (suffix decoding's pools report their tokens)
+    learned = sum((m.get("status") or {}).get("tokens", 0) for m in status.get("methods", []))
     return {"t_s": round(time.perf_counter() - t0, 1),
             "rss_mb": (_metric(metrics, "process_resident_memory_bytes") or 0) / 2 ** 20,
             "prefix_cache_tokens": _metric(metrics, "specdec:prefix_cache_tokens"),
             "prefix_cache_mb": (_metric(metrics, "specdec:prefix_cache_bytes") or 0) / 2 ** 20,
-            "suffix_tokens": suffix.get("tokens"), "running": _metric(metrics, "specdec:num_requests_running"),
+            "suffix_tokens": learned, "running": _metric(metrics, "specdec:num_requests_running"),
             "waiting": _metric(metrics, "specdec:num_requests_waiting")}
+
+
+async def _methods_a_prompt_can_name(client, url: str, headers: dict, model: str, status: dict) -> list[str]:
+    """The methods the server lists that answer a plain prompt (one that drafts from something else a request
+    must bring, such as predicted outputs' `prediction`, answers 400 without it and is left out)."""
+    out = []
+    for m in [m["method"] for m in status.get("methods", [])]:
+        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+                "speculative": {"method": m}}
+        if (await client.post(url + "/v1/chat/completions", json=body, headers=headers)).status_code == 200:
+            out.append(m)
+    return out
 
 
 async def _run(cfg: LoadConfig, progress: bool) -> dict:
@@ -160,9 +173,7 @@ async def _run(cfg: LoadConfig, progress: bool) -> dict:
     async with httpx.AsyncClient(timeout=cfg.timeout_s, limits=limits) as client:
         model = cfg.model or (await client.get(url + "/v1/models", headers=headers)).json()["data"][0]["id"]
         status = (await client.get(url + "/v1/speculative/status", headers=headers)).json()
-        # a method that needs more of the request than a prompt (predicted outputs: its `prediction`) is left out
-        methods = cfg.methods or ["", *[m["method"] for m in status.get("methods", [])
-                                        if m["method"] != "predicted_outputs"]]
+        methods = cfg.methods or ["", *await _methods_a_prompt_can_name(client, url, headers, model, status)]
         pool = _requests(cfg)
         kinds, weights = list(KINDS), list(KINDS.values())
         records: list[dict] = []
