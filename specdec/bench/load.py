@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import SpecDecError
+from .serve import record_chunk
 from .summary import percentile
 
 KINDS = {"chat-stream": 0.35, "chat": 0.15, "long-stream": 0.1, "structured": 0.12, "sampled": 0.1, "abort": 0.18}
@@ -113,12 +114,7 @@ async def _send(client, url: str, body: dict, headers: dict, abort: bool) -> dic
                     for ch in obj.get("choices") or []:
                         text = (ch.get("delta") or {}).get("content") or ""
                         if text:
-                            now = time.perf_counter()
-                            if rec["ttft_s"] is None:
-                                rec["ttft_s"] = now - t0
-                            else:
-                                rec["itl_s"].append(now - last)
-                            last = now
+                            last = record_chunk(rec, t0, last)
                             rec["text"] += text
                             chunks += 1
                         rec["finish_reason"] = ch.get("finish_reason") or rec["finish_reason"]
@@ -153,8 +149,8 @@ async def _sample(client, url: str, headers: dict, t0: float) -> dict:
 
 
 async def _methods_a_prompt_can_name(client, url: str, headers: dict, model: str, status: dict) -> list[str]:
-    """The methods the server lists that answer a plain prompt (one that drafts from something else a request
-    must bring, such as predicted outputs' `prediction`, answers 400 without it and is left out)."""
+    """The methods the server lists that answer a plain prompt (a server may refuse one that drafts from something
+    else a request must bring; a refused method is left out of the mix)."""
     out = []
     for m in [m["method"] for m in status.get("methods", [])]:
         body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,

@@ -78,6 +78,17 @@ class ServeBenchConfig:
             raise SpecDecError(f"--prediction '{unknown[0]}' is not an endpoint label ({', '.join(self.labels)})")
 
 
+def record_chunk(rec: dict, start: float, last: float | None) -> float:
+    """A content chunk arrived now: the request's TTFT if it is the first, else one more inter-token gap. Returns
+    now (the next chunk's `last`)."""
+    now = time.perf_counter()
+    if rec["ttft_s"] is None:
+        rec["ttft_s"] = now - start
+    else:
+        rec["itl_s"].append(now - last)
+    return now
+
+
 async def _one(client, url: str, body: dict, headers: dict) -> dict:
     rec = {"ok": False, "error": None, "ttft_s": None, "e2e_s": None, "itl_s": [], "output_tokens": None,
            "decode_tok_s": None, "prompt_tokens": None, "cached_tokens": None,
@@ -113,12 +124,7 @@ async def _one(client, url: str, body: dict, headers: dict) -> dict:
                 for ch in obj.get("choices") or []:
                     text = (ch.get("delta") or {}).get("content") or ch.get("text") or ""
                     if text:
-                        now = time.perf_counter()
-                        if rec["ttft_s"] is None:
-                            rec["ttft_s"] = now - start
-                        else:
-                            rec["itl_s"].append(now - last)
-                        last = now
+                        last = record_chunk(rec, start, last)
                         parts.append(text)
                     if ch.get("finish_reason"):
                         rec["finish_reason"] = ch["finish_reason"]
