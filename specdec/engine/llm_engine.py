@@ -259,6 +259,13 @@ class LLMEngine:
                 "hit_rate": pc.hits / pc.queries if pc.queries else None, "entries": len(pc),
                 "tokens": pc.tokens, "positions": pc.capacity, "bytes": pc.nbytes}
 
+    def kv_usage(self) -> float:
+        """The share of the KV budget running sequences hold (prefix-cache entries they could evict count as free,
+        as vLLM's kv_cache_usage_perc counts cached blocks no request holds)."""
+        kv = self.kv
+        held = kv.allocated - (kv.prefix.evictable if kv.prefix is not None else 0)
+        return held / kv.max_total_tokens if kv.max_total_tokens else 0.0
+
     def reset_prefix_cache(self) -> None:
         """Drop every prefix entry (vLLM's reset_prefix_cache)."""
         self.kv.clear_prefix_cache()
@@ -314,7 +321,7 @@ class LLMEngine:
         except Exception as exc:  # noqa: BLE001 - the step's requests fail; the engine goes on
             return [self._fail(s, exc) for s in [*decodes, *(s for s, _ in prefills)]]
         self.last_step = StepInfo(len(decodes) + len(prefills), run.num_rows, sum(n for _, n in prefills),
-                                  sum(len(p.draft) for p in plans))
+                                  sum(len(p.draft) for p in plans), len(batch.preempted))
         # 4. verify every sequence that samples this step: decodes, and prompts whose last chunk just ran
         sampling = [(s, p, lg, h) for s, p, lg, h in zip(decodes, plans, run.decode_logits, run.decode_hidden)]
         sampling += [(seq, None, lg, None) for (seq, _), lg in zip(prefills, run.prompt_logits) if lg is not None]

@@ -42,3 +42,4 @@ class StepInfo:
     num_rows: int = 0
     num_prefill_tokens: int = 0
     num_draft_tokens: int = 0
+    num_preempted: int = 0                  # sequences preempted (their caches freed) to make room for it

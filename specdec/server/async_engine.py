@@ -52,6 +52,7 @@ class RequestHandle:
     aborted: threading.Event = field(default_factory=threading.Event)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+    last_token_at: float | None = None   # when its last delta with tokens went out (the ITL histogram's gaps)
     pool: str = "default"
     arm: str = "spec"
     cache_salt: str | None = None        # the request's cache partition (admission.cache_partition)
@@ -248,7 +249,8 @@ class AsyncEngine:
                     outputs = [StepOutput(rid, None, exc) for rid in list(self._handles)]
                 info = self.engine.last_step
                 if info.num_seqs:
-                    self.metrics.observe_step(info.num_seqs, info.num_rows)
+                    self.metrics.observe_step(info.num_seqs, info.num_rows, info.num_preempted,
+                                              self.engine.kv_usage())
                 for out in outputs:
                     self._dispatch(out)
                 self._mark_started()
@@ -295,7 +297,7 @@ class AsyncEngine:
     def _abort(self, handle: RequestHandle) -> None:
         self._handles.pop(handle.request_id, None)
         seq = self.engine.abort(handle.request_id)
-        self.metrics.observe_abort(seq.stats if seq is not None else None)
+        self.metrics.observe_abort(seq.stats if seq is not None else None, handle.pool)
         handle._push(RequestAborted(handle.request_id))
 
     def _dispatch(self, out: StepOutput) -> None:
@@ -310,13 +312,18 @@ class AsyncEngine:
             handle._push(out.error)
             return
         delta = out.delta
+        now = time.perf_counter()
         if handle.first_token_at is None:
-            handle.first_token_at = time.perf_counter()
+            handle.first_token_at = now
             self.metrics.observe_first_token(handle.first_token_at - handle.arrival)
+        elif delta.token_ids and handle.last_token_at is not None:
+            self.metrics.observe_token_gap(now - handle.last_token_at)
+        if delta.token_ids:
+            handle.last_token_at = now
         handle._push(delta)
         if delta.finished:
             self._handles.pop(handle.request_id, None)
-            self.metrics.observe_finished(delta.stats, handle.arrival, handle.arm)
+            self.metrics.observe_finished(delta.stats, handle.arrival, handle.arm, handle.pool)
             self._finished_since_save += 1
             if self._finished_since_save >= STATE_SAVE_EVERY:
                 self._finished_since_save = 0

@@ -79,6 +79,24 @@ class ServerMetrics:
         self.prefix_bytes = Gauge("specdec:prefix_cache_bytes", "Bytes of K/V held by prefix cache entries", names,
                                   registry=r).labels(**lbl)
         self._prefix_seen = {"queries": 0, "hits": 0}
+        # vLLM V1's names: the gaps between a request's iterations that gave it tokens, preemptions, KV in use
+        self.itl = Histogram("specdec:inter_token_latency_seconds", "Time between a request's consecutive token "
+                             "deliveries (one may carry several tokens)", names, buckets=_TPOT_BUCKETS,
+                             registry=r).labels(**lbl)
+        self.preemptions = Counter("specdec:num_preemptions", "Sequences preempted (caches freed, recomputed later)",
+                                   names, registry=r).labels(**lbl)
+        self.kv_usage = Gauge("specdec:kv_cache_usage_perc", "Share of the KV budget running sequences hold (1 = all)",
+                              names, registry=r).labels(**lbl)
+        # speculation per speculation pool and the method that ran (auto's choice, or plain after a fallback)
+        per = names + ["pool", "method"]
+        self._pool_requests = Counter("specdec:spec_decode_pool_requests", "Finished requests per pool and method",
+                                      per, registry=r)
+        self._pool_drafts = Counter("specdec:spec_decode_pool_num_drafts", "Verification steps with a draft, per "
+                                    "pool and method", per, registry=r)
+        self._pool_draft_tokens = Counter("specdec:spec_decode_pool_num_draft_tokens", "Draft tokens proposed, per "
+                                          "pool and method", per, registry=r)
+        self._pool_accepted = Counter("specdec:spec_decode_pool_num_accepted_tokens", "Draft tokens accepted, per "
+                                      "pool and method", per, registry=r)
         self._lock = threading.Lock()
         self._window = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "draft_time": 0.0, "e2e_time": 0.0,
                         "tokens": 0.0, "since": time.monotonic()}
@@ -101,9 +119,17 @@ class ServerMetrics:
         self.running.set(running)
         self.waiting.set(waiting)
 
-    def observe_step(self, num_seqs: int, num_rows: int) -> None:
+    def observe_step(self, num_seqs: int, num_rows: int, num_preempted: int = 0, kv_usage: float | None = None
+                     ) -> None:
         self.iteration_seqs.observe(num_seqs)
         self.iteration_tokens.observe(num_rows)
+        if num_preempted:
+            self.preemptions.inc(num_preempted)
+        if kv_usage is not None:
+            self.kv_usage.set(kv_usage)
+
+    def observe_token_gap(self, s: float) -> None:
+        self.itl.observe(s)
 
     def observe_queue_time(self, s: float) -> None:
         self.queue_time.observe(s)
@@ -111,7 +137,11 @@ class ServerMetrics:
     def observe_first_token(self, s: float) -> None:
         self.ttft.observe(s)
 
-    def _observe_spec(self, stats) -> None:
+    def _observe_spec(self, stats, pool: str) -> None:
+        per = {**self._lbl, "pool": pool, "method": stats.method}
+        self._pool_drafts.labels(**per).inc(stats.draft_steps)
+        self._pool_draft_tokens.labels(**per).inc(stats.draft_tokens)
+        self._pool_accepted.labels(**per).inc(stats.accepted_tokens)
         self.drafts.inc(stats.draft_steps)
         self.draft_tokens.inc(stats.draft_tokens)
         self.accepted_tokens.inc(stats.accepted_tokens)
@@ -133,8 +163,9 @@ class ServerMetrics:
     def set_pool_enabled(self, pool: str, enabled: bool) -> None:
         self._pool_enabled.labels(**self._lbl, pool=pool).set(1 if enabled else 0)
 
-    def observe_finished(self, stats, arrival: float, arm: str = "spec") -> None:
-        self._observe_spec(stats)
+    def observe_finished(self, stats, arrival: float, arm: str = "spec", pool: str = "default") -> None:
+        self._observe_spec(stats, pool)
+        self._pool_requests.labels(**self._lbl, pool=pool, method=stats.method).inc()
         self._success.labels(**self._lbl, finished_reason=stats.finish_reason or "stop").inc()
         e2e = time.perf_counter() - arrival
         if stats.completion_tokens > 1:
@@ -145,10 +176,10 @@ class ServerMetrics:
         self._arm_requests.labels(**self._lbl, arm=arm).inc()
         self._arm_tokens.labels(**self._lbl, arm=arm).inc(stats.completion_tokens)
 
-    def observe_abort(self, stats) -> None:
+    def observe_abort(self, stats, pool: str = "default") -> None:
         self.aborted.inc()
         if stats is not None:
-            self._observe_spec(stats)
+            self._observe_spec(stats, pool)
 
     def observe_failure(self) -> None:
         self.failed.inc()
