@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="larger request bodies get 413 (default 2 MiB: ~7x a full 32k-token prompt)")
     sv.add_argument("--max-spec-pools", type=int, default=32,
                     help="distinct spec_pool tags kept; later new tags share the pool 'other'")
+    sv.add_argument("--no-dashboard", action="store_true",
+                    help="no live page (GET /dashboard) and no /v1/dashboard/data")
     sv.add_argument("--log-interval", type=float, default=10.0, help="seconds between speculative-decoding log lines")
     ray = sv.add_argument_group("scale-out on Ray Serve (pip install 'specdec[ray]')")
     ray.add_argument("--replicas", type=int, default=None,

@@ -10,12 +10,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import SpecDecError
 from .admission import admit_and_submit, check_lower_bound, check_model, completion_ids
+from .dashboard import KEEP, LiveSeries, page, read_sample, totals
 from .middleware import BearerAuth, HeaderGuard, RequestGuard
 from .protocol import ROLES, APIError, ChatCompletionRequest, CompletionRequest, error_body
 from .response_fields import now
@@ -29,11 +30,17 @@ log = logging.getLogger("specdec.server")
 
 
 def create_app(state: ServerState) -> FastAPI:
+    live = LiveSeries(state.engine.render_metrics) if state.dashboard else None
+
     @asynccontextmanager
     async def lifespan(app):
         await state.engine.startup()
         state.served_model_name = state.served_model_name or state.engine.model_name
+        if live is not None:
+            live.start()
         yield
+        if live is not None:
+            live.stop()
         await drain(state)
 
     app = FastAPI(title="specdec", version="0.1.0", lifespan=lifespan,
@@ -79,9 +86,26 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/v1/speculative/status")
     async def speculative_status():
         spec = state.engine.default_spec
+        counted = totals(read_sample(state.engine.render_metrics().decode()))      # /metrics' counters, summed
         return {"default": {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens},
                 "methods": state.engine.methods(), "traffic_fraction": state.traffic_fraction,
-                "policy": state.engine.policy_status(), "prefix_cache": state.engine.prefix_cache_status()}
+                "policy": state.engine.policy_status(), "prefix_cache": state.engine.prefix_cache_status(),
+                "speculation": counted}
+
+    if live is not None:
+        @app.get("/dashboard", response_class=HTMLResponse)
+        async def dashboard():
+            return HTMLResponse(page())
+
+        @app.get("/v1/dashboard/data")
+        async def dashboard_data(raw: Request):
+            args = dict(raw.query_params)
+            unknown = sorted(set(args) - {"seconds", "step"})
+            if unknown:
+                raise APIError(400, f"unknown query parameter '{unknown[0]}' (seconds, step)", param=unknown[0])
+            seconds = _int_param(args, "seconds", 300, 1, int(KEEP * live.every_s))
+            step = _int_param(args, "step", 2, 1, 60)
+            return live.window(seconds, step)
 
     @app.get("/v1/models")
     async def models():
@@ -143,6 +167,19 @@ async def _drain(state: ServerState) -> None:
 
 
 _TYPE_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[\](-]")   # a union member's tag in a pydantic loc
+
+
+def _int_param(args: dict, name: str, default: int, lo: int, hi: int) -> int:
+    text = args.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise APIError(400, f"{name} must be an integer, got '{text[:32]}'", param=name) from None
+    if not lo <= value <= hi:
+        raise APIError(400, f"{name} must be in [{lo}, {hi}], got {value}", param=name)
+    return value
 
 
 def _validation_body(errs: list[dict]) -> dict:

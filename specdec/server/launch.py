@@ -127,6 +127,6 @@ def server_state(engine, name: str | None, args):
     from .state import ServerState
 
     return ServerState(engine, name, api_keys=api_keys(args.api_key, getattr(args, "api_key_file", None)),
-                       drain_timeout_s=args.drain_timeout,
+                       drain_timeout_s=args.drain_timeout, dashboard=not getattr(args, "no_dashboard", False),
                        traffic_fraction=args.spec_traffic_fraction, max_request_bytes=args.max_request_bytes,
                        max_spec_pools=args.max_spec_pools)

@@ -25,6 +25,7 @@ class ServerState:
     traffic_fraction: float = 1.0        # share of requests (by request id hash) that may speculate
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_spec_pools: int = DEFAULT_MAX_SPEC_POOLS   # distinct client spec_pool tags; later new ones share OTHER_POOL
+    dashboard: bool = True               # GET /dashboard and /v1/dashboard/data (--no-dashboard: off)
     draining: bool = field(default=False, init=False)   # SIGTERM seen: no new requests
     closed: bool = field(default=False, init=False)     # drain deadline passed: the engine is shut down
     pools: set = field(default_factory=set, init=False)
