@@ -4,6 +4,7 @@ import time
 
 import httpx
 import pytest
+from browser_utils import browser, open_live_page
 
 from specdec.config import SpeculativeConfig
 from specdec.server.dashboard import LiveSeries, read_sample, totals
@@ -86,3 +87,24 @@ def test_no_dashboard_flag(tiny_dirs):
     paths = {r.path for r in create_app(state).routes}
     assert "/dashboard" not in paths and "/v1/dashboard/data" not in paths and "/metrics" in paths
     assert free_port() > 0
+
+
+def test_a_browser_draws_the_live_page(keyed_server, tmp_path):
+    url, _ = keyed_server
+    auth = {"Authorization": "Bearer k"}
+    driver = browser()
+    try:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "class Cache:"}], "max_tokens": 24,
+                "temperature": 0, "ignore_eos": True}
+        for _ in range(2):
+            assert httpx.post(url + "/v1/chat/completions", json=body, headers=auth, timeout=60).status_code == 200
+            time.sleep(1.2)
+        time.sleep(1.2)                                          # the last request's counters sampled
+        shown = open_live_page(driver, url, "k")
+        status = httpx.get(url + "/v1/speculative/status", headers=auth, timeout=10).json()["speculation"]
+        assert shown["acceptance_total"] == pytest.approx(status["acceptance_rate"], abs=1e-9)
+        assert shown["acceptance"] and 0 <= float(shown["acceptance"]) <= 1
+        driver.save_screenshot(str(tmp_path / "dashboard.png"))
+        assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+    finally:
+        driver.quit()
