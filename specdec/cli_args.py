@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="larger request bodies get 413 (default 2 MiB: ~7x a full 32k-token prompt)")
     sv.add_argument("--max-spec-pools", type=int, default=32,
                     help="distinct spec_pool tags kept; later new tags share the pool 'other'")
+    sv.add_argument("--export-vllm-metrics", action="store_true",
+                    help="/metrics also carries every specdec: family under vLLM's vllm: name with its engine label, "
+                         "so dashboards and alerts written for vLLM work unchanged")
     sv.add_argument("--no-dashboard", action="store_true",
                     help="no live page (GET /dashboard) and no /v1/dashboard/data")
     sv.add_argument("--log-interval", type=float, default=10.0, help="seconds between speculative-decoding log lines")

@@ -1,6 +1,7 @@
 """monitoring/: the dashboards and rules are current with their generator, name only metrics /metrics exports,
 and the rules pass promtool's check and unit tests (Debian's `prometheus` package brings promtool)."""
 import importlib.util
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -48,3 +49,70 @@ def test_rules_pass_promtool():
                  ["check", "config", "prometheus.yml"]):
         out = subprocess.run([promtool, *args], cwd=MON / "prometheus", capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stdout + out.stderr
+
+
+# Panels in the form of vLLM's published Grafana dashboard (examples/observability), over vLLM's metric names
+VLLM_PANELS = [
+    'histogram_quantile(0.99, sum by(le) (rate(vllm:time_to_first_token_seconds_bucket{model_name="$model_name"}'
+    '[$__rate_interval])))',
+    'histogram_quantile(0.5, sum by(le) (rate(vllm:e2e_request_latency_seconds_bucket{model_name="$model_name"}'
+    '[$__rate_interval])))',
+    'histogram_quantile(0.9, sum by(le) (rate(vllm:time_per_output_token_seconds_bucket{model_name="$model_name"}'
+    '[$__rate_interval])))',
+    'rate(vllm:prompt_tokens_total{model_name="$model_name"}[$__rate_interval])',
+    'rate(vllm:generation_tokens_total{model_name="$model_name"}[$__rate_interval])',
+    'vllm:num_requests_running{model_name="$model_name"}',
+    'vllm:num_requests_waiting{model_name="$model_name"}',
+    'vllm:kv_cache_usage_perc{model_name="$model_name"}',
+    'sum by(finished_reason) (increase(vllm:request_success_total{model_name="$model_name"}[$__rate_interval]))',
+    'rate(vllm:spec_decode_num_accepted_tokens_total{model_name="$model_name"}[$__rate_interval]) / '
+    'rate(vllm:spec_decode_num_draft_tokens_total{model_name="$model_name"}[$__rate_interval])',
+    'rate(vllm:prefix_cache_hits_total{model_name="$model_name"}[$__rate_interval]) / '
+    'rate(vllm:prefix_cache_queries_total{model_name="$model_name"}[$__rate_interval])',
+]
+
+
+def test_vllm_names_answer_vllm_panels(tiny_dirs, tmp_path):
+    """--export-vllm-metrics: vLLM's dashboard expressions, evaluated by promtool over two real scrapes of the
+    server's /metrics, each return data (a recorded panel that is absent fires an alert the test forbids)."""
+    import httpx
+    import yaml
+    from prometheus_client.parser import text_string_to_metric_families
+    from server_utils import draft_llm, running_server
+
+    from specdec.config import SpeculativeConfig
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    with running_server(draft_llm(tiny_dirs), SpeculativeConfig(method="draft", num_speculative_tokens=3)) as (url, st):
+        st.vllm_metrics = True
+        before = httpx.get(url + "/metrics", timeout=10).text
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 16,
+                "temperature": 0, "ignore_eos": True}
+        for _ in range(3):
+            assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+        after = httpx.get(url + "/metrics", timeout=10).text
+        st.vllm_metrics = False
+        assert "vllm:" not in httpx.get(url + "/metrics", timeout=10).text          # off: specdec's names only
+
+    def samples(text):
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name.startswith("vllm:") and not s.name.endswith("_created")}
+
+    v0, v1 = samples(before), samples(after)
+    assert v1 and all(dict(labels).get("engine") == "0" for _, labels in v1)
+    series = [{"series": name + "{" + ",".join(f"{k}={json.dumps(v)}" for k, v in labels) + "}",
+               "values": f"{v0.get((name, labels), 0)} {v} {v} {v}"} for (name, labels), v in v1.items()]
+    panels = [e.replace("$model_name", "tiny").replace("$__rate_interval", "1m") for e in VLLM_PANELS]
+    rules = {"groups": [{"name": "panels", "rules": [r for i, e in enumerate(panels) for r in (
+        {"record": f"panel_{i}", "expr": e}, {"alert": f"PanelEmpty{i}", "expr": f"absent(panel_{i})"})]}]}
+    (tmp_path / "panels.yml").write_text(yaml.safe_dump(rules))
+    (tmp_path / "test.yml").write_text(yaml.safe_dump({
+        "rule_files": ["panels.yml"], "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", "input_series": series,
+                   "alert_rule_test": [{"eval_time": "45s", "alertname": f"PanelEmpty{i}", "exp_alerts": []}
+                                       for i in range(len(panels))]}]}))
+    out = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import SpecDecError
 from .admission import admit_and_submit, check_lower_bound, check_model, completion_ids
 from .dashboard import KEEP, LiveSeries, page, read_sample, totals
+from .metrics import vllm_alias
 from .middleware import BearerAuth, HeaderGuard, RequestGuard
 from .protocol import ROLES, APIError, ChatCompletionRequest, CompletionRequest, error_body
 from .response_fields import now
@@ -81,7 +82,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return Response(state.engine.render_metrics(), media_type=CONTENT_TYPE_LATEST)
+        text = state.engine.render_metrics()
+        if state.vllm_metrics:                     # the same families again under vLLM's names and labels
+            text += vllm_alias(text)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/speculative/status")
     async def speculative_status():

@@ -128,5 +128,6 @@ def server_state(engine, name: str | None, args):
 
     return ServerState(engine, name, api_keys=api_keys(args.api_key, getattr(args, "api_key_file", None)),
                        drain_timeout_s=args.drain_timeout, dashboard=not getattr(args, "no_dashboard", False),
+                       vllm_metrics=getattr(args, "export_vllm_metrics", False),
                        traffic_fraction=args.spec_traffic_fraction, max_request_bytes=args.max_request_bytes,
                        max_spec_pools=args.max_spec_pools)

@@ -221,10 +221,42 @@ def merge_labelled(texts: dict[str, bytes | str], label: str = "replica") -> byt
             for s in fam.samples:
                 merged.add_sample(s.name, {label: key, **s.labels}, s.value, s.timestamp, s.exemplar)
 
-    class _Merged:
+    return _exposition(list(families.values()))
+
+
+def _exposition(families: list) -> bytes:
+    """Prometheus text for metric families built by hand (prometheus_client's Metric objects)."""
+
+    class _Families:
         def collect(self):
-            return iter(families.values())
+            return iter(families)
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Merged())
+    registry.register(_Families())
     return generate_latest(registry)
+
+# vLLM's names for the families specdec exports under `specdec:` (the same metric, vLLM's spelling and labels), for
+# --export-vllm-metrics: an operator's vLLM dashboards and alerts then read specdec unchanged
+VLLM_ENGINE_LABEL = {"engine": "0"}
+
+
+def vllm_alias(text: bytes | str) -> bytes:
+    """Every `specdec:` family of an exposition again under `vllm:` with vLLM's `engine` label added (process_* and
+    families vLLM lacks included: extra names cost nothing to a vLLM query)."""
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if isinstance(text, bytes):
+        text = text.decode()
+    families = []
+    for fam in text_string_to_metric_families(text):
+        if not fam.name.startswith("specdec:"):
+            continue
+        name = "vllm:" + fam.name.removeprefix("specdec:")
+        alias = Metric(name, fam.documentation, fam.type, fam.unit)
+        for s in fam.samples:
+            alias.add_sample("vllm:" + s.name.removeprefix("specdec:"), {**s.labels, **VLLM_ENGINE_LABEL}, s.value,
+                             s.timestamp, s.exemplar)
+        families.append(alias)
+    return _exposition(families)
+

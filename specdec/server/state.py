@@ -26,6 +26,7 @@ class ServerState:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_spec_pools: int = DEFAULT_MAX_SPEC_POOLS   # distinct client spec_pool tags; later new ones share OTHER_POOL
     dashboard: bool = True               # GET /dashboard and /v1/dashboard/data (--no-dashboard: off)
+    vllm_metrics: bool = False           # /metrics also under vLLM's names (--export-vllm-metrics)
     draining: bool = field(default=False, init=False)   # SIGTERM seen: no new requests
     closed: bool = field(default=False, init=False)     # drain deadline passed: the engine is shut down
     pools: set = field(default_factory=set, init=False)
