@@ -116,3 +116,88 @@ def test_vllm_names_answer_vllm_panels(tiny_dirs, tmp_path):
     out = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_real_prometheus_evaluates_every_panel_and_rule(tiny_dirs, tmp_path):
+    """A Prometheus on loopback scrapes a live server every second while it serves a little traffic (method auto in
+    one pool; prompt lookup on random text in another, which accepts badly): every dashboard panel's expression and
+    every recording rule returns data through Prometheus's HTTP API, acceptance within [0, 1] and accepted length
+    within [1, k + 1]; the low-acceptance alert goes pending for the random-text pool and for no other.
+
+    The tiny models, not the real pair: the expressions do not depend on the model, and method auto's cost model
+    is measured in seconds on them (tens of seconds on the real pair on a fresh machine)."""
+    import math
+    import random
+    import time
+
+    import httpx
+    import yaml
+    from server_utils import draft_llm, free_port, running_server
+
+    from specdec.config import SpeculativeConfig
+
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    gen = _generator()
+    rules = yaml.safe_load((MON / "prometheus" / "specdec-rules.yml").read_text())
+    for group in rules["groups"]:
+        group.pop("interval", None)                      # the rules as shipped, evaluated every second here
+    (tmp_path / "specdec-rules.yml").write_text(yaml.safe_dump(rules))
+    with running_server(draft_llm(tiny_dirs), SpeculativeConfig(method="auto")) as (url, _):
+        port = free_port()
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": ["specdec-rules.yml"],
+            "scrape_configs": [{"job_name": "specdec", "static_configs": [{"targets": [url.split("//")[1]]}]}]}))
+        prom = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        api = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                try:
+                    if httpx.get(api + "/-/ready", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
+            rng = random.Random(0)
+            noise = " ".join("".join(rng.choice("abcdefghij") for _ in range(4)) for _ in range(40))
+            t_end = time.time() + 12
+            while time.time() < t_end:
+                for pool, method, text in (("code", None, "def add(a, b):\n    return a + b\n" * 3),
+                                           ("noise", "ngram", noise)):
+                    body = {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 24,
+                            "temperature": 0, "ignore_eos": True, "spec_pool": pool,
+                            **({"speculative": {"method": method}} if method else {})}
+                    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+            time.sleep(3)                                        # a few more scrapes and rule evaluations
+
+            def query(expr):
+                r = httpx.get(api + "/api/v1/query", params={"query": expr}, timeout=10).json()
+                assert r["status"] == "success", (expr, r)
+                return [float(s["value"][1]) for s in r["data"]["result"]]
+
+            subst = {"$job": ".*", "$instance": ".*", "$model_name": ".*", "$__rate_interval": "30s"}
+            for title, _, targets in gen.SPECULATIVE + gen.SERVING:
+                for legend, expr in targets:
+                    for k, v in subst.items():
+                        expr = expr.replace(k, v)
+                    values = query(expr)
+                    assert values, (title, legend, expr)
+                    finite = [v for v in values if not math.isnan(v)]
+                    if title.startswith("Acceptance"):
+                        assert finite and all(0 <= v <= 1 for v in finite), (title, values)
+                    if title.startswith("Mean accepted length"):
+                        assert finite and all(1 <= v <= 9 for v in finite), (title, values)       # k <= 8
+            for group in gen.rules()["groups"]:
+                for rule in group["rules"]:
+                    if "record" in rule:
+                        assert query(rule["record"]), rule["record"]
+            alerts = httpx.get(api + "/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+            low = [a for a in alerts if a["labels"]["alertname"] == "SpecDecodeAcceptanceLow"]
+            assert {a["labels"]["pool"] for a in low} == {"noise"} and low[0]["state"] in ("pending", "firing")
+        finally:
+            prom.terminate()
+            prom.wait(timeout=30)

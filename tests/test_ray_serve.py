@@ -213,6 +213,20 @@ def test_errors_and_sse_match_the_single_process_server(cluster_server):
     assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
 
 
+def test_the_live_page_reads_every_replica_on_the_ingress(cluster_server):
+    """/dashboard on the Ray ingress: its data counts what all replicas generated (the merged /metrics)."""
+    import time
+
+    _, url, _ = cluster_server
+    assert httpx.get(url + "/dashboard", timeout=30).status_code == 200
+    for tag in ("alpha", "beta", "gamma", "delta"):                  # pools spread over both replicas
+        assert httpx.post(url + "/v1/chat/completions", json=CHAT | {"spec_pool": tag}, timeout=60).status_code == 200
+    time.sleep(2.5)
+    d = httpx.get(url + "/v1/dashboard/data?seconds=120&step=1", timeout=30).json()
+    assert sum(d["tokens_per_s"]) > 0
+    assert d["totals"] == _status(url)["speculation"]
+
+
 # -- back-pressure and faults: a server with one running and one queued request per replica ------------------------
 @pytest.fixture(scope="module")
 def tight_server(cluster_server, long_pair, tmp_path_factory):
