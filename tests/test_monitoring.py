@@ -125,7 +125,7 @@ def test_a_real_prometheus_evaluates_every_panel_and_rule(tiny_dirs, tmp_path):
     within [1, k + 1]; the low-acceptance alert goes pending for the random-text pool and for no other.
 
     The tiny models, not the real pair: the expressions do not depend on the model, and method auto's cost model
-    is measured in seconds on them, against 168 s for the real pair on a fresh AVX2 machine (Zen 2)."""
+    is measured in seconds on them, against over a minute for the real pair on a fresh 2-core AVX2 machine."""
     import math
     import random
     import time
