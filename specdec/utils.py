@@ -117,11 +117,7 @@ def atomic_dir(path: str | Path, replace: bool = False) -> Iterator[Path]:
     tmp = _new_temp(target, "", directory=True)
     try:
         yield tmp
-        old = None
-        if replace and target.exists():
-            old = _new_temp(target, ".old", directory=True)
-            os.rmdir(old)
-            os.rename(target, old)
+        old = _move_aside(target) if replace else None
         try:
             os.rename(tmp, target)
         except OSError:
@@ -133,6 +129,26 @@ def atomic_dir(path: str | Path, replace: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _move_aside(target: Path) -> Path | None:
+    """Rename `target` to a fresh temporary name beside it (one `sweep_stale` removes if its remover is killed);
+    None when there is nothing there."""
+    aside = _new_temp(target, ".old", directory=True)
+    os.rmdir(aside)
+    try:
+        os.rename(target, aside)
+    except FileNotFoundError:
+        return None
+    return aside
+
+
+def remove_tree(path: str | Path) -> None:
+    """Remove a directory (a cache entry) so that nothing ever sees it half-removed: renamed away first, then
+    deleted."""
+    aside = _move_aside(Path(path))
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def set_aside(path: str | Path) -> Path:

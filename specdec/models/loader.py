@@ -9,12 +9,10 @@ its source's sha256, so weights are never read for a source whose bytes changed.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ import torch
 
 from ..errors import SpecDecError
 from ..tokenizer import Tokenizer
-from ..utils import atomic_dir, write_json_atomic
+from ..utils import atomic_dir, remove_tree, write_json_atomic
 from .config import ModelConfig
 from .qwen2 import Transformer
 from .registry import BUILTIN_MODELS, assemble, cache_dir
@@ -152,21 +150,13 @@ def _made_from(entry: Path, source: Path) -> bool:
         digest, stat = record["sha256"], record["stat"]
     except (OSError, ValueError, KeyError, TypeError):
         digest = stat = None
-    if stat is not None and stat == json.loads(json.dumps(_source_stat(source))):
+    if stat is not None and stat == _source_stat(source):
         return True
     now = _source_digest(source)
     if digest is not None and digest != now:
         return False
     _record_source(entry, source, now)
     return True
-
-
-def _drop_entry(entry: Path) -> None:
-    """Remove a cache entry: renamed away first, so nothing ever sees it half-removed."""
-    with contextlib.suppress(FileNotFoundError):
-        gone = entry.with_name(f".{entry.name}.{os.getpid()}.gone")
-        os.rename(entry, gone)
-        shutil.rmtree(gone, ignore_errors=True)
 
 
 # -- conversion: HF-named float32 tensors -> our fused, runtime-dtype state dict -----------------------
@@ -340,7 +330,7 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
     if (entry / "model.safetensors").is_file() and not _made_from(entry, source):
         log.warning("converted weights in %s were made from another %s (its checksum changed under the same name, "
                     "size and time): converting it again", entry, source.name)
-        _drop_entry(entry)
+        remove_tree(entry)
     converted = False
     if not (entry / "model.safetensors").is_file():
         _convert(source, entry, dtype, scheme, int4_exact, progress)
@@ -352,7 +342,7 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
             raise
         log.warning("converted weights in %s are damaged (%s: %s): converting %s again", entry,
                     type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "", source.name)
-        _drop_entry(entry)
+        remove_tree(entry)
         _convert(source, entry, dtype, scheme, int4_exact, progress)
         converted = True
         model, tokenizer, cfg, packed = _read_entry(entry, device, scheme)
