@@ -149,9 +149,7 @@ def read_cost_file(path, key: str, revision: int) -> CostModel | None:
         if not isinstance(saved, dict) or saved.get("revision") != revision or saved.get("key") != key:
             return None
         cost = CostModel.from_dict(saved)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):    # none, or damaged
         return None
     sane = len(cost.verify) >= 2 and all(math.isfinite(v) for v in [*cost.verify, cost.draft_step, cost.target_step_s])
     return cost if sane else None

@@ -235,14 +235,13 @@ def _exposition(families: list) -> bytes:
     registry.register(_Families())
     return generate_latest(registry)
 
-# vLLM's names for the families specdec exports under `specdec:` (the same metric, vLLM's spelling and labels), for
-# --export-vllm-metrics: an operator's vLLM dashboards and alerts then read specdec unchanged
-VLLM_ENGINE_LABEL = {"engine": "0"}
+VLLM_ENGINE_LABEL = {"engine": "0"}      # the label vLLM's families carry beside model_name (one engine here)
 
 
 def vllm_alias(text: bytes | str) -> bytes:
-    """Every `specdec:` family of an exposition again under `vllm:` with vLLM's `engine` label added (process_* and
-    families vLLM lacks included: extra names cost nothing to a vLLM query)."""
+    """Every `specdec:` family of an exposition again under `vllm:` with vLLM's `engine` label added
+    (--export-vllm-metrics: dashboards and alerts written for vLLM read specdec unchanged). Families vLLM lacks are
+    renamed too (extra names cost a vLLM query nothing); process_* families, unprefixed, are left as they are."""
     from prometheus_client.metrics_core import Metric
     from prometheus_client.parser import text_string_to_metric_families
 
