@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import SpecDecError
-from .serve import record_chunk
+from .serve import error_message, record_chunk
 from .summary import percentile
 
 KINDS = {"chat-stream": 0.35, "chat": 0.15, "long-stream": 0.1, "structured": 0.12, "sampled": 0.1, "abort": 0.18}
@@ -91,12 +91,8 @@ async def _send(client, url: str, body: dict, headers: dict, abort: bool) -> dic
         async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
             rec["status"] = r.status_code
             if r.status_code != 200:
-                raw = (await r.aread()).decode(errors="replace")
                 rec["retry_after"] = r.headers.get("retry-after")
-                try:
-                    rec["error"] = json.loads(raw)["error"]["message"]
-                except (ValueError, KeyError, TypeError):
-                    rec["error"] = raw[:200]
+                rec["error"] = error_message((await r.aread()).decode(errors="replace"))
             elif not body["stream"]:
                 obj = json.loads(await r.aread())
                 rec["ttft_s"] = time.perf_counter() - t0

@@ -89,6 +89,14 @@ def record_chunk(rec: dict, start: float, last: float | None) -> float:
     return now
 
 
+def error_message(raw: str) -> str:
+    """An error response's message: OpenAI's error JSON's, else the body's first 200 characters."""
+    try:
+        return json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return raw[:200]
+
+
 async def _one(client, url: str, body: dict, headers: dict) -> dict:
     rec = {"ok": False, "error": None, "ttft_s": None, "e2e_s": None, "itl_s": [], "output_tokens": None,
            "decode_tok_s": None, "prompt_tokens": None, "cached_tokens": None,
@@ -98,11 +106,7 @@ async def _one(client, url: str, body: dict, headers: dict) -> dict:
     try:
         async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
             if r.status_code != 200:
-                raw = (await r.aread()).decode(errors="replace")
-                try:
-                    rec["error"] = f"HTTP {r.status_code}: {json.loads(raw)['error']['message']}"
-                except (ValueError, KeyError, TypeError):
-                    rec["error"] = f"HTTP {r.status_code}: {raw[:200]}"
+                rec["error"] = f"HTTP {r.status_code}: {error_message((await r.aread()).decode(errors='replace'))}"
                 return rec
             parts = []
             async for line in r.aiter_lines():
