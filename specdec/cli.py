@@ -100,7 +100,7 @@ def cmd_bench_serve(args) -> int:
         return _bench_load(args)
     extra = [parse_json_object(text, "--extra-body") for text in args.extra_body]
     cfg = ServeBenchConfig(endpoints=args.endpoint, dataset=args.dataset, model=args.model,
-                           concurrency=_csv(args.concurrency, int, "--concurrency"), max_tokens=args.max_tokens,
+                           concurrency=_csv(args.concurrency or "1", int, "--concurrency"), max_tokens=args.max_tokens,
                            temperature=args.temperature, seed=args.seed, out=args.out, labels=args.label,
                            extra_body=extra, api_key=args.api_key, interleave=args.interleave, turns=args.turns,
                            think_time_s=args.think_time, prediction=args.prediction, wait_idle=args.wait_idle,
@@ -122,8 +122,8 @@ def _bench_load(args) -> int:
 
     if len(args.endpoint) != 1:
         raise SpecDecError("--duration runs against one --endpoint")
-    clients = _csv(args.concurrency, int, "--concurrency")
-    cfg = LoadConfig(args.endpoint[0], args.duration, clients=16 if args.concurrency == "1" else clients[0],
+    clients = _csv(args.concurrency, int, "--concurrency")[0] if args.concurrency else 16
+    cfg = LoadConfig(args.endpoint[0], args.duration, clients=clients,
                      model=args.model, api_key=args.api_key, max_tokens=args.max_tokens, seed=args.seed,
                      replay=args.replay)
     result = run_load_bench(cfg, args.out)

@@ -236,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(stdlib functions to edit, each with its predicted output: --prediction) | structured "
                          "(20 JSON-schema requests) | humaneval[:N] | shared-prefix[:N] (N requests behind one "
                          "~1k-token system prompt) | sharegpt[:N] | a JSONL file; several joined with commas")
-    bs.add_argument("--concurrency", default="1", help="comma-separated concurrency levels")
+    bs.add_argument("--concurrency", default=None,
+                    help="comma-separated concurrency levels (default 1); with --duration, the clients (default 16)")
     bs.add_argument("--max-tokens", type=int, default=128)
     bs.add_argument("--temperature", type=float, default=0.0)
     bs.add_argument("--seed", type=int, default=0)
