@@ -74,19 +74,19 @@ def test_page_and_data_behind_the_key(keyed_server):
 
 
 def test_no_dashboard_flag(tiny_dirs):
-    import uvicorn  # noqa: F401 - the server's own dependency
-    from server_utils import draft_llm, free_port
+    from server_utils import draft_llm
 
-    from specdec.server.app import ServerState, create_app
+    from specdec.cli_args import build_parser
+    from specdec.server.app import create_app
     from specdec.server.async_engine import AsyncEngine
+    from specdec.server.launch import server_state
     from specdec.server.metrics import ServerMetrics
 
-    llm = draft_llm(tiny_dirs)
-    state = ServerState(AsyncEngine(llm, SpeculativeConfig(method="none"), 4, ServerMetrics("tiny")), "tiny",
-                        dashboard=False)
-    paths = {r.path for r in create_app(state).routes}
-    assert "/dashboard" not in paths and "/v1/dashboard/data" not in paths and "/metrics" in paths
-    assert free_port() > 0
+    engine = AsyncEngine(draft_llm(tiny_dirs), SpeculativeConfig(method="none"), 4, ServerMetrics("tiny"))
+    for flags, shown in (([], True), (["--no-dashboard"], False)):
+        state = server_state(engine, "tiny", build_parser().parse_args(["serve", *flags]))
+        paths = {r.path for r in create_app(state).routes}
+        assert ("/dashboard" in paths) == shown and ("/v1/dashboard/data" in paths) == shown and "/metrics" in paths
 
 
 def test_a_browser_draws_the_live_page(keyed_server, tmp_path):
