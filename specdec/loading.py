@@ -10,6 +10,7 @@ import torch
 
 from .config import get_method
 from .engine_args import EngineArgs
+from .errors import SpecDecError
 from .models.heads import LoadedHead
 from .models.loader import LoadedModel, load_model
 from .models.registry import DEFAULT_DRAFT
@@ -50,6 +51,12 @@ def load_head_for(method: str, path: str | None, target: LoadedModel, quantizati
     return head
 
 
+def default_draft(target: LoadedModel) -> str | None:
+    """The built-in draft (Qwen2.5-Coder 0.5B) for a target of its family; a target of another family (Gemma 3)
+    gets a draft model only when one is named."""
+    return DEFAULT_DRAFT if target.config.arch in ("qwen2", "llama") else None
+
+
 def wants_draft_model(args: EngineArgs) -> bool:
     """A draft model is loaded for a method that needs one, and for the policy (it weighs the draft), unless
     `draft` is "none"."""
@@ -65,11 +72,15 @@ def load_models(args: EngineArgs) -> LoadedModels:
     target = load_model(args.target, dtype=args.dtype, device=args.device, progress=args.progress,
                         quantization=args.quantization)
     out = LoadedModels(target)
-    if wants_draft_model(args):
+    draft = args.draft or spec.model or default_draft(target)
+    if wants_draft_model(args) and draft is None and get_method(spec.method).needs == "draft_model":
+        raise SpecDecError(f"method '{spec.method}' needs a draft model for {target.name} ({target.config.arch}; the "
+                           f"built-in draft is a Qwen2): pass --draft")
+    if wants_draft_model(args) and draft is not None:
         # a draft's int4 is 4-bit throughout (its Q6_K/Q8_0 blocks re-quantized): its tokens are verified, so only
         # its step cost matters (measured on the 0.5B: 796 -> 559 MB, 23.7 -> 16.0 ms a step)
         out.draft_quantization = default_draft_quantization(spec.quantization, target)
-        out.draft = load_model(args.draft or spec.model or DEFAULT_DRAFT, dtype=args.dtype, device=args.device,
+        out.draft = load_model(draft, dtype=args.dtype, device=args.device,
                                progress=args.progress, quantization=out.draft_quantization, int4_exact=False)
         check_compatible(target.tokenizer, out.draft.tokenizer, target.config.vocab_size,
                          out.draft.config.vocab_size)

@@ -22,6 +22,32 @@ _PRE_PATTERNS = {
     "gpt2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
 }
 _TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED, _TOKEN_UNUSED = 1, 3, 4, 5
+_SPACE = "\u2581"     # SentencePiece's spelling of a space
+
+# Gemma's chat template (instruction-tuned Gemma 3 files carry it; base files, like the 270M on the registry, do
+# not): no system role, so a system message is folded into the first user turn; assistant turns are "model".
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = (messages[0]['content'] if messages[0]['content'] is string "
+    "else messages[0]['content'] | map(attribute='text') | join('')) + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' "
+    "+ (first_user_prefix if loop.first else '') }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- else -%}{%- for item in message['content'] -%}{%- if item['type'] == 'text' -%}{{ item['text'] | trim }}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+# End-of-turn tokens a GGUF may not name (llama.cpp finds them by their text too).
+_EOT_TEXTS = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>")
 
 
 class Tokenizer:
@@ -47,8 +73,11 @@ class Tokenizer:
         from .gguf_file import field
 
         kind = field(reader, "tokenizer.ggml.model")
+        if kind == "llama":
+            return cls._sentencepiece_from_gguf(reader)
         if kind != "gpt2":
-            raise SpecDecError(f"unsupported GGUF tokenizer model '{kind}' (supported: byte-level BPE 'gpt2')")
+            raise SpecDecError(f"unsupported GGUF tokenizer model '{kind}' (supported: byte-level BPE 'gpt2', "
+                               "SentencePiece BPE 'llama')")
         tokens = field(reader, "tokenizer.ggml.tokens")
         types = field(reader, "tokenizer.ggml.token_type") or [_TOKEN_NORMAL] * len(tokens)
         merges = [tuple(m.split(" ", 1)) for m in field(reader, "tokenizer.ggml.merges")]
@@ -66,19 +95,39 @@ class Tokenizer:
                  for i in range(len(tokens)) if types[i] in (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)]
         tok.add_special_tokens([a for a in added if a.special])
         tok.add_tokens([a for a in added if not a.special])
-        eos = field(reader, "tokenizer.ggml.eos_token_id")
-        eos_ids = [int(eos)] if eos is not None else []
-        eot = field(reader, "tokenizer.ggml.eot_token_id")
-        if eot is not None and int(eot) not in eos_ids:
-            eos_ids.append(int(eot))
-        bos = field(reader, "tokenizer.ggml.bos_token_id")
-        meta = {
-            "eos_token_ids": eos_ids,
-            "bos_token_id": None if bos is None else int(bos),
-            "add_bos": bool(field(reader, "tokenizer.ggml.add_bos_token", False)),
-            "chat_template": field(reader, "tokenizer.chat_template"),
-        }
-        return cls(tok, meta)
+        return cls(tok, _gguf_meta(reader, tokens, add_bos_default=False))
+
+    @classmethod
+    def _sentencepiece_from_gguf(cls, reader) -> Tokenizer:
+        """A SentencePiece BPE vocabulary (Gemma's; `tokenizer.ggml.model = llama`) as a tokenizers BPE with byte
+        fallback: spaces become U+2581 before the merges and back after, `<0xNN>` pieces stand for bytes the
+        vocabulary lacks. The file lists no merges, so they are rebuilt from the vocabulary: every way to cut a
+        token into two tokens is a merge, ranked by the token's place in the file (Gemma's scores do not follow its
+        merge order; the order of the file does), which is how transformers reads these files."""
+        from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        from .gguf_file import field
+
+        # runs of spaces are stored as spaces; the merges work on the U+2581 spelling
+        tokens = [_SPACE * len(t) if " " in t and not t.strip() else t for t in field(reader, "tokenizer.ggml.tokens")]
+        types = field(reader, "tokenizer.ggml.token_type") or [_TOKEN_NORMAL] * len(tokens)
+        vocab = {t: i for i, t in enumerate(tokens)}
+        merges = []
+        for token in tokens:          # in file order: earlier tokens merge first
+            cuts = [(token[:j], token[j:]) for j in range(1, len(token)) if token[:j] in vocab and token[j:] in vocab]
+            merges += sorted(cuts, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        unk = field(reader, "tokenizer.ggml.unknown_token_id")
+        tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True,
+                                     unk_token=None if unk is None else tokens[int(unk)]))
+        tok.normalizer = normalizers.Replace(" ", _SPACE)
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(" "), behavior="merged_with_previous")
+        tok.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+        tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                for i in range(len(tokens)) if types[i] == _TOKEN_CONTROL])
+        tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                        for i in range(len(tokens)) if types[i] == _TOKEN_USER_DEFINED])
+        return cls(tok, _gguf_meta(reader, tokens, add_bos_default=True))
 
     @classmethod
     def from_hf_dir(cls, path: Path) -> Tokenizer:
@@ -225,11 +274,18 @@ class Tokenizer:
         piece = self._tok.id_to_token(token_id)
         if piece is not None and self._byte_level and all(c in _UNICODE_TO_BYTE for c in piece):
             return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+        if piece is not None and self._byte_fallback:   # SentencePiece: `<0xNN>` is one byte, U+2581 a space
+            byte = _BYTE_PIECE.fullmatch(piece)
+            return bytes([int(byte.group(1), 16)]) if byte else piece.replace(_SPACE, " ").encode()
         return self._tok.decode([token_id], skip_special_tokens=False).encode()
 
     @functools.cached_property
     def _added_texts(self) -> dict[int, str]:
         return {i: t.content for i, t in self._tok.get_added_tokens_decoder().items()}
+
+    @functools.cached_property
+    def _byte_fallback(self) -> bool:
+        return bool(json.loads(self._tok.to_str())["model"].get("byte_fallback"))
 
     @functools.cached_property
     def _byte_level(self) -> bool:
@@ -295,6 +351,28 @@ class Tokenizer:
         return self._with_bos(ids)
 
 
+def _gguf_meta(reader, tokens: list[str], add_bos_default: bool) -> dict:
+    """EOS ids (the file's eos and eot, and an end-of-turn token it has but does not name), BOS, and the chat
+    template (Gemma's own for a Gemma file without one). A SentencePiece file that does not say adds BOS, as
+    llama.cpp does."""
+    from .gguf_file import field
+
+    eos_ids = [int(e) for e in (field(reader, "tokenizer.ggml.eos_token_id"),
+                                field(reader, "tokenizer.ggml.eot_token_id")) if e is not None]
+    index = {t: i for i, t in enumerate(tokens) if t in _EOT_TEXTS}
+    eos_ids += [index[t] for t in _EOT_TEXTS if t in index]
+    bos = field(reader, "tokenizer.ggml.bos_token_id")
+    template = field(reader, "tokenizer.chat_template")
+    if template is None and str(field(reader, "general.architecture", "")).startswith("gemma"):
+        template = GEMMA_CHAT_TEMPLATE
+    return {
+        "eos_token_ids": list(dict.fromkeys(eos_ids)),
+        "bos_token_id": None if bos is None else int(bos),
+        "add_bos": bool(field(reader, "tokenizer.ggml.add_bos_token", add_bos_default)),
+        "chat_template": template,
+    }
+
+
 def _mentions(x, pattern: re.Pattern) -> bool:
     """Does any string in x (nested lists and dicts, keys included) contain control-token text?"""
     if isinstance(x, str):
@@ -357,6 +435,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 _UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _from_json(text: str, meta: dict) -> Tokenizer:

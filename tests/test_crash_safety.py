@@ -168,6 +168,12 @@ def test_a_damaged_cost_model_is_measured_again(tmp_path):
     path.write_text(json.dumps({**CostModel(0.3, [1.0, 1.1, 1.2]).to_dict(), "key": "k", "revision": 11}))
     assert read_cost_file(path, "k", 11).verify == [1.0, 1.1, 1.2]
     assert read_cost_file(path, "other", 11) is None and read_cost_file(tmp_path / "none.json", "k", 11) is None
+    # measured without a draft model (--draft none, a Gemma target): standard JSON (null), read back and reused
+    no_draft = CostModel(float("inf"), [1.0, 1.1], by_context=[{"context": 1024, "verify": [1.0, 1.2],
+                                                                 "draft_step": float("inf"), "target_step_s": 0.1}])
+    path.write_text(json.dumps({**no_draft.to_dict(), "key": "k", "revision": 11}, allow_nan=False))
+    back = read_cost_file(path, "k", 11)
+    assert back.draft_step == float("inf") and back.by_context[0]["draft_step"] == float("inf")
 
 
 def test_converted_weights_follow_their_sources_checksum(tiny_dirs, tmp_path, monkeypatch, caplog):

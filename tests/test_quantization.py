@@ -351,3 +351,33 @@ def test_default_quantization_keeps_a_quantized_gguf_in_its_blocks(tmp_path, tin
     assert default_quantization(str(path), "cpu") == ("int4" if quantized and vector_kernel(4) else "none")
     assert default_quantization(str(path), "cuda") == "none"
     assert default_quantization(str(tiny_dirs["target"]), "cpu") == "none"
+
+
+def test_header_field_reads_past_token_arrays_like_the_full_parser(tmp_path):
+    """The header walk (`specdec serve`'s start reads general.file_type with it) skips string and number arrays
+    and agrees with the gguf package's full parse, key by key; a missing key is the default, a cut file an error."""
+    gguf = pytest.importorskip("gguf")
+    from specdec.errors import SpecDecError
+    from specdec.gguf_file import field, header_field, open_gguf
+
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_token_list([f"tok{i}\u2581é" for i in range(3000)])
+    w.add_token_scores([float(i) for i in range(3000)])
+    w.add_uint32("gemma3.block_count", 18)
+    w.add_float32("gemma3.rope.freq_base", 1e6)
+    w.add_bool("tokenizer.ggml.add_bos_token", True)
+    w.add_file_type(15)
+    w.add_tensor("x", np.zeros(32, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    reader = open_gguf(path)
+    for key in ("general.architecture", "gemma3.block_count", "gemma3.rope.freq_base",
+                "tokenizer.ggml.add_bos_token", "general.file_type"):
+        assert header_field(path, key) == field(reader, key), key
+    assert header_field(path, "no.such.key", 7) == 7
+    path.write_bytes(path.read_bytes()[:20000])
+    with pytest.raises(SpecDecError, match="cannot read GGUF"):
+        header_field(path, "general.file_type")

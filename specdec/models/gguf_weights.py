@@ -9,7 +9,7 @@ from ..errors import SpecDecError
 from ..gguf_file import field
 from .config import ModelConfig
 
-SUPPORTED_ARCHS = ("qwen2", "llama")
+SUPPORTED_ARCHS = ("qwen2", "llama", "gemma3")
 
 # GGUF block names -> Hugging Face names (per layer: blk.N.<key>).
 _LAYER_NAMES = {
@@ -25,6 +25,15 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+}
+# Gemma 3's block has four norms and q/k norms; its ffn_norm is the pre-feed-forward one.
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -56,6 +65,25 @@ def gguf_config(reader) -> ModelConfig:
         max_position_embeddings=int(field(reader, f"{arch}.context_length", 4096)),
         attention_bias="blk.0.attn_q.bias" in names,
         tie_word_embeddings="output.weight" not in names,
+        **(_gemma3_extra(reader, hidden, num_heads) if arch == "gemma3" else {}),
+    )
+
+
+def _gemma3_extra(reader, hidden: int, num_heads: int) -> dict:
+    # Not in the file, hard-coded by llama.cpp as by HF's config: the pattern of 6 and the local base of 10k;
+    # the attention scale is head_dim^-0.5 except for the 27B (62 layers), which scales by (hidden / heads)^-0.5.
+    head_dim = int(field(reader, "gemma3.attention.key_length", 256))
+    if field(reader, "gemma3.final_logit_softcapping") or field(reader, "gemma3.attn_logit_softcapping"):
+        raise SpecDecError("Gemma 3 with logit soft-capping is not supported")
+    scaling = field(reader, "gemma3.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise SpecDecError(f"Gemma 3 with RoPE scaling '{scaling}' is not supported")
+    return dict(
+        sliding_window=int(field(reader, "gemma3.attention.sliding_window", 512)),
+        sliding_window_pattern=6,
+        rope_local_theta=10000.0,
+        query_pre_attn_scalar=float(hidden // num_heads if int(field(reader, "gemma3.block_count")) == 62
+                                    else head_dim),
     )
 
 
@@ -89,8 +117,9 @@ def iter_hf_tensors(reader, cfg: ModelConfig) -> Iterator[tuple[str, object]]:
             yield _GLOBAL_NAMES[t.name], t
             continue
         parts = t.name.split(".", 2)
-        if parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-            yield f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}", t
+        names = _GEMMA3_LAYER_NAMES if cfg.arch == "gemma3" else _LAYER_NAMES
+        if parts[0] == "blk" and parts[2] in names:
+            yield f"model.layers.{parts[1]}.{names[parts[2]]}", t
         # other tensors (e.g. rope_freqs) are not used by this family's forward
 
 

@@ -25,6 +25,7 @@ from ..errors import SpecDecError
 from ..tokenizer import Tokenizer
 from ..utils import atomic_dir, remove_tree, write_json_atomic
 from .config import ModelConfig
+from .gemma3 import Gemma3Transformer
 from .qwen2 import Transformer
 from .registry import BUILTIN_MODELS, assemble, cache_dir
 
@@ -98,9 +99,9 @@ def default_quantization(spec: str, device: str | torch.device | None = None, pr
     _, path = resolve_source(spec, progress=progress)
     if not path.is_file() or not vector_kernel(4):
         return "none"
-    from ..gguf_file import field, open_gguf
+    from ..gguf_file import header_field
 
-    file_type = field(open_gguf(path), "general.file_type")
+    file_type = header_field(path, "general.file_type")
     return "none" if file_type is None or int(file_type) in GGUF_FLOAT_FILE_TYPES else "int4"
 
 
@@ -159,8 +160,18 @@ def _made_from(entry: Path, source: Path) -> bool:
     return True
 
 
+def build_model(cfg: ModelConfig) -> Transformer:
+    """The decoder class of the config's family, built on the current default device."""
+    return Gemma3Transformer(cfg) if cfg.arch == "gemma3" else Transformer(cfg)
+
+
+# Gemma 3's norms besides the two every family has (HF names under model.layers.N.).
+_GEMMA3_NORMS = ("pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight", "self_attn.q_norm.weight",
+                 "self_attn.k_norm.weight")
+
+
 # -- conversion: HF-named float32 tensors -> our fused, runtime-dtype state dict -----------------------
-def _fuse(hf: dict, cfg: ModelConfig, dtype: torch.dtype) -> dict:
+def _fuse(hf: dict, cfg: ModelConfig, dtype: torch.dtype, norm_offset: float = 0.0) -> dict:
     """Values are float tensors, or BlockCodes (int4 from GGUF blocks) for linear weights."""
     from .quantization.blocks import BlockCodes, concat
 
@@ -177,15 +188,19 @@ def _fuse(hf: dict, cfg: ModelConfig, dtype: torch.dtype) -> dict:
             raise SpecDecError(f"weights are missing tensor '{name}'")
         return hf.pop(name)
 
+    def norm(name):   # norm_offset: Gemma's HF checkpoints store w for a norm that multiplies by 1 + w
+        return (take(name) + norm_offset).to(dtype)
+
     out["embed_tokens.weight"] = take("model.embed_tokens.weight").to(dtype)
-    out["norm.weight"] = take("model.norm.weight").to(dtype)
-    if not cfg.tie_word_embeddings:
+    out["norm.weight"] = norm("model.norm.weight")
+    if not cfg.tie_word_embeddings or "lm_head.weight" in hf:   # a tied head's own int4 codes (see _convert_gguf)
         out["lm_head.weight"] = cast(take("lm_head.weight"))
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         q = f"layers.{i}."
-        out[q + "input_layernorm.weight"] = take(p + "input_layernorm.weight").to(dtype)
-        out[q + "post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight").to(dtype)
+        for n in ("input_layernorm.weight", "post_attention_layernorm.weight",
+                  *(_GEMMA3_NORMS if cfg.arch == "gemma3" else ())):
+            out[q + n] = norm(p + n)
         out[q + "self_attn.qkv_proj.weight"] = cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
         if cfg.attention_bias:
             out[q + "self_attn.qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{n}_proj.bias")
@@ -218,6 +233,10 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = F
         arr = np.ascontiguousarray(dequantize_hf(name, tensor, cfg))
         return name, torch.from_numpy(arr if arr.flags.writeable else arr.copy())
 
+    if int4 and cfg.tie_word_embeddings:
+        # a tied head reads the embedding's blocks (Gemma's Q8_0) as they are, as llama.cpp does, not a 4-bit copy
+        # of them: the output head is most of a small model's bytes a token, and int4 keeps what the file holds
+        items.append(("lm_head.weight", next(t for t in reader.tensors if t.name == "token_embd.weight")))
     hf: dict[str, torch.Tensor] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool, tqdm(
         total=len(items), desc=f"converting {path.name}", unit="tensor", disable=not progress
@@ -225,7 +244,7 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = F
         for name, t in pool.map(work, items):
             hf[name] = t if dtype == torch.float32 or not isinstance(t, torch.Tensor) else t.to(dtype)
             bar.update(1)
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and not int4:
         hf.pop("lm_head.weight", None)
     return cfg, _fuse(hf, cfg, dtype), Tokenizer.from_gguf(reader)
 
@@ -242,7 +261,7 @@ def _convert_hf_dir(path: Path, dtype: torch.dtype):
         hf.update({k: v.float() for k, v in load_file(str(f)).items()})
     if cfg.tie_word_embeddings:
         hf.pop("lm_head.weight", None)
-    return cfg, _fuse(hf, cfg, dtype), Tokenizer.from_hf_dir(path)
+    return cfg, _fuse(hf, cfg, dtype, norm_offset=1.0 if cfg.arch == "gemma3" else 0.0), Tokenizer.from_hf_dir(path)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -278,7 +297,7 @@ def _read_entry(entry: Path, device: torch.device, scheme: str):
     cfg = ModelConfig.from_json_file(entry / "config.json")
     tokenizer = Tokenizer.load(entry)
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = build_model(cfg)
     state = load_file(str(entry / "model.safetensors"), device=str(device))
     packed = None
     if scheme == "int4":
@@ -286,6 +305,9 @@ def _read_entry(entry: Path, device: torch.device, scheme: str):
 
         with safe_open(str(entry / "model.safetensors"), "pt") as f:
             state, packed = split_int4_state(state, f.metadata())
+        if "lm_head" in packed and model.lm_head is None:   # a tied head stored as its own codes
+            with torch.device("meta"):
+                model.lm_head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         missing, unexpected = model.load_state_dict(state, assign=True, strict=False)
         if unexpected or set(missing) != {f"{n}.weight" for n in packed}:
             raise ValueError(f"int4 cache entry does not match the model (missing {missing[:3]}, "

