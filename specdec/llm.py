@@ -71,7 +71,8 @@ class LLM:
                                 self.scheduler_config, args.max_model_len, policy_factory=self.policy,
                                 heads={m: h.module for m, h in self.heads.items()},
                                 row_cost=self.row_cost if self.heads else None,
-                                enable_prefix_caching=args.enable_prefix_caching)
+                                enable_prefix_caching=args.enable_prefix_caching,
+                                draft_tokenizer=self.draft.tokenizer if self.models.draft_cross_vocab else None)
         self._ids = itertools.count()
         for name, path in self._state_files().items():
             if os.path.exists(path):

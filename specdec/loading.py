@@ -4,6 +4,7 @@ nothing here knows about requests.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +16,9 @@ from .models.heads import LoadedHead
 from .models.loader import LoadedModel, load_model
 from .models.registry import DEFAULT_DRAFT
 from .proposers import check_compatible
+from .proposers.cross_vocab import vocab_map_of
+
+log = logging.getLogger("specdec")
 
 
 @dataclass
@@ -22,6 +26,7 @@ class LoadedModels:
     target: LoadedModel
     draft: LoadedModel | None = None
     draft_quantization: str | None = None          # the draft's weights as loaded: none | int8 | int4
+    draft_cross_vocab: bool = False                # the draft has another vocabulary (method cross_vocab drafts)
     heads: dict[str, LoadedHead] = field(default_factory=dict)   # {method: head}
 
 
@@ -82,8 +87,19 @@ def load_models(args: EngineArgs) -> LoadedModels:
         out.draft_quantization = default_draft_quantization(spec.quantization, target)
         out.draft = load_model(draft, dtype=args.dtype, device=args.device,
                                progress=args.progress, quantization=out.draft_quantization, int4_exact=False)
-        check_compatible(target.tokenizer, out.draft.tokenizer, target.config.vocab_size,
-                         out.draft.config.vocab_size)
+        try:
+            check_compatible(target.tokenizer, out.draft.tokenizer, target.config.vocab_size,
+                             out.draft.config.vocab_size)
+        except SpecDecError as exc:
+            if spec.method not in ("cross_vocab", "auto"):
+                raise SpecDecError(f"{exc} (method cross_vocab drafts with a model of another vocabulary)") from None
+            out.draft_cross_vocab = True
+            if spec.method == "auto":          # auto weighs it only when the pair shares enough to draft with
+                try:
+                    vocab_map_of(target.tokenizer, out.draft.tokenizer).check()
+                except SpecDecError as why:
+                    log.warning("draft %s is not used: %s", out.draft.name, why)
+                    out.draft, out.draft_cross_vocab = None, False
     wanted = dict(args.heads)
     if get_method(spec.method).needs == "head":
         wanted[spec.method] = spec.model

@@ -70,28 +70,19 @@ def llm_fp32():
 
 
 def test_real_pair_greedy_parity_fp32(llm_fp32):
+    """fp32, one code prompt: prompt lookup, the 0.5B draft and the EAGLE-3 and Medusa heads shipped for the 1.5B
+    each keep the plain greedy tokens; the draft agrees with the target most of the time on code, and the heads
+    draft tokens the target accepts (on code, where they were trained)."""
     params = SamplingParams(max_tokens=24, temperature=0.0)
-    for prompt in PROMPTS:
-        base = llm_fp32.generate(prompt, params, spec="none")[0]
-        assert base.stats.completion_tokens > 10
-        for method in ("ngram", "draft"):
-            out = llm_fp32.generate(prompt, params, spec=method)[0]
-            assert out.token_ids == base.token_ids, (method, prompt)
-            assert out.text == base.text
-        # the real draft agrees with the target most of the time on code
-        assert out.stats.acceptance_rate > 0.4
-
-
-def test_real_shipped_heads_greedy_parity_fp32(llm_fp32):
-    """The EAGLE-3 and Medusa heads shipped for the 1.5B load on it, keep greedy parity, and draft tokens the target
-    accepts (on code, where they were trained)."""
-    params = SamplingParams(max_tokens=32, temperature=0.0)
     prompt = PROMPTS[0]
     base = llm_fp32.generate(prompt, params, spec="none")[0]
-    for method in ("eagle3", "medusa"):
-        out = llm_fp32.generate(prompt, params, spec=SpeculativeConfig(method, 3))[0]
-        assert out.token_ids == base.token_ids, method
-        assert out.stats.acceptance_rate > 0.1, (method, out.stats.acceptance_rate)
+    assert base.stats.completion_tokens > 10
+    for spec, least in (("ngram", None), ("draft", 0.4), (SpeculativeConfig("eagle3", 3), 0.1),
+                        (SpeculativeConfig("medusa", 3), 0.1)):
+        out = llm_fp32.generate(prompt, params, spec=spec)[0]
+        assert out.token_ids == base.token_ids and out.text == base.text, spec
+        if least is not None:
+            assert out.stats.acceptance_rate > least, (spec, out.stats.acceptance_rate)
 
 
 def test_real_pair_greedy_parity_bf16():
@@ -99,11 +90,11 @@ def test_real_pair_greedy_parity_bf16():
     shares its forward, so greedy speculation is token-exact: each prompt under each method, all of them in one
     mixed batch, equals the prompt's plain decoding alone."""
     llm = LLM(speculative=SpeculativeConfig(method="draft", num_speculative_tokens=4), progress=False)
-    params = SamplingParams(max_tokens=32, temperature=0.0)
-    prompts = PROMPTS + ["Write a short story about a lighthouse keeper.", "用中文介绍一下你最喜欢的季节。"]
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+    prompts = PROMPTS + ["用中文介绍一下你最喜欢的季节。"]
     alone = [llm.generate(prompt, params, spec="none")[0].token_ids for prompt in prompts]
     assert llm.generate(prompts[0], params, spec="draft")[0].token_ids == alone[0]        # alone, speculating
-    jobs = [(i, m) for i in range(len(prompts)) for m in ("ngram", "draft")] + [(3, "none")]
+    jobs = [(i, m) for i in range(len(prompts)) for m in ("ngram", "draft")] + [(2, "none")]
     seqs = [llm.engine.add_request(f"batch-{j}", llm.encode(prompts[i]), params, SpeculativeConfig(m))
             for j, (i, m) in enumerate(jobs)]
     widest = drafted = 0

@@ -44,7 +44,7 @@ class LLMEngine:
     def __init__(self, model, tokenizer, draft_model=None, scheduler: SchedulerConfig | None = None,
                  max_model_len: int | None = None, policy_factory: Callable[[], object] | None = None,
                  heads: dict | None = None, row_cost: Callable[..., float] | None = None,
-                 enable_prefix_caching: bool = True):
+                 enable_prefix_caching: bool = True, draft_tokenizer=None):
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size         # shared with the draft; padding rows never sampled
@@ -60,9 +60,10 @@ class LLMEngine:
         self.scheduler = Scheduler(self.sched_cfg, self.kv, self.runner.exact_rows)
         self.committer = Committer(self.kv, self.vocab_size, self._uses, self._reader)
         # one proposer per loaded method ({method: Proposer}); learned heads ({method: nn.Module} given) read the
-        # target's hidden states from the step's own forward
+        # target's hidden states from the step's own forward; draft_tokenizer: a draft with another vocabulary
         self.proposers: dict[str, Proposer] = build_proposers(model, self.vocab_size, self.sched_cfg.max_total_tokens,
-                                                              self.sched_cfg.max_num_batched_tokens, draft_model, heads)
+                                                              self.sched_cfg.max_num_batched_tokens, draft_model, heads,
+                                                              tokenizer, draft_tokenizer)
         # row_cost(n, context=c): V(n) after c tokens, a target forward over n rows relative to one (the cost
         # model's): sizes learned heads' token trees; None keeps num_speculative_tokens nodes
         self.row_cost = row_cost

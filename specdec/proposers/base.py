@@ -26,6 +26,8 @@ class BuildContext:
     max_batched_tokens: int                # the most prompt tokens one step prefills
     draft_model: torch.nn.Module | None = None         # the draft model, when one is loaded
     heads: dict[str, torch.nn.Module] | None = None    # learned heads loaded, by method
+    target_tokenizer: object | None = None             # the target's Tokenizer
+    draft_tokenizer: object | None = None              # set only for a draft with another vocabulary (cross_vocab)
 
 
 @dataclass

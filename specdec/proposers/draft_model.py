@@ -197,7 +197,7 @@ class DraftModelProposer(Proposer):
 
 
 def _build(ctx: BuildContext) -> DraftModelProposer | None:
-    if ctx.draft_model is None:
+    if ctx.draft_model is None or ctx.draft_tokenizer is not None:     # another vocabulary: cross_vocab's
         return None
     return DraftModelProposer(ctx.draft_model, ctx.vocab_size, KVManager(ctx.draft_model, ctx.max_total_tokens),
                               ctx.max_batched_tokens)

@@ -7,23 +7,25 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import METHOD_TABLE, Method, get_method, register_method
-from . import draft_model, eagle, hybrid, medusa, ngram, prediction, suffix
+from . import cross_vocab, draft_model, eagle, hybrid, medusa, ngram, prediction, suffix
 from .base import BuildContext, Proposer
 
 # registration order is the order every surface lists them in (after plain decoding, before auto)
-BUILTIN: tuple[Method, ...] = (ngram.METHOD, suffix.METHOD, draft_model.METHOD, hybrid.METHOD, eagle.EAGLE3,
-                               eagle.EAGLE, medusa.METHOD, prediction.METHOD)
+BUILTIN: tuple[Method, ...] = (ngram.METHOD, suffix.METHOD, draft_model.METHOD, cross_vocab.METHOD, hybrid.METHOD,
+                               eagle.EAGLE3, eagle.EAGLE, medusa.METHOD, prediction.METHOD)
 for _m in BUILTIN:
     if _m.name not in METHOD_TABLE:         # a module reload (tests) finds them registered
         register_method(_m)
 
 
 def build_proposers(target: nn.Module, vocab_size: int, max_total_tokens: int, max_batched_tokens: int,
-                    draft_model: nn.Module | None = None, heads: dict[str, nn.Module] | None = None
-                    ) -> dict[str, Proposer]:
+                    draft_model: nn.Module | None = None, heads: dict[str, nn.Module] | None = None,
+                    target_tokenizer=None, draft_tokenizer=None) -> dict[str, Proposer]:
     """{method: proposer} for every declared method its `build` can make from what was loaded (prompt lookup,
-    suffix decoding and free plugins always; the draft model's and each head's when loaded)."""
-    ctx = BuildContext(target, vocab_size, max_total_tokens, max_batched_tokens, draft_model, heads or {})
+    suffix decoding and free plugins always; the draft model's and each head's when loaded; a draft_tokenizer
+    means the draft has another vocabulary: cross_vocab drafts with it, draft does not)."""
+    ctx = BuildContext(target, vocab_size, max_total_tokens, max_batched_tokens, draft_model, heads or {},
+                       target_tokenizer, draft_tokenizer)
     proposers: dict[str, Proposer] = {}
     for method in METHOD_TABLE.values():
         if method.build is None:
