@@ -16,6 +16,7 @@ from .models.heads import LoadedHead
 from .models.loader import LoadedModel, load_model
 from .models.registry import DEFAULT_DRAFT
 from .proposers import check_compatible
+from .proposers.cross_vocab import METHOD as CROSS_VOCAB
 from .proposers.cross_vocab import vocab_map_of
 
 log = logging.getLogger("specdec")
@@ -91,10 +92,12 @@ def load_models(args: EngineArgs) -> LoadedModels:
             check_compatible(target.tokenizer, out.draft.tokenizer, target.config.vocab_size,
                              out.draft.config.vocab_size)
         except SpecDecError as exc:
-            if spec.method not in ("cross_vocab", "auto"):
-                raise SpecDecError(f"{exc} (method cross_vocab drafts with a model of another vocabulary)") from None
+            policy = get_method(spec.method).kind == "policy"
+            if spec.method != CROSS_VOCAB.name and not policy:
+                raise SpecDecError(f"{exc} (method {CROSS_VOCAB.name} drafts with a model of another vocabulary)"
+                                   ) from None
             out.draft_cross_vocab = True
-            if spec.method == "auto":          # auto weighs it only when the pair shares enough to draft with
+            if policy:                         # auto weighs it only when the pair shares enough to draft with
                 try:
                     vocab_map_of(target.tokenizer, out.draft.tokenizer).check()
                 except SpecDecError as why:

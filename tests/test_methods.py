@@ -36,12 +36,12 @@ def _tool(name: str):
 
 
 def test_builtin_methods_come_from_the_proposers_declarations():
-    from specdec.proposers import draft_model, eagle, hybrid, medusa, ngram, prediction, suffix
+    from specdec.proposers import cross_vocab, draft_model, eagle, hybrid, medusa, ngram, prediction, suffix
 
-    assert method_names() == ("none", "ngram", "suffix", "draft", "hybrid", "eagle3", "eagle", "medusa",
-                              "predicted_outputs", "auto")
-    for declared in (ngram.METHOD, suffix.METHOD, draft_model.METHOD, hybrid.METHOD, eagle.EAGLE3, eagle.EAGLE,
-                     medusa.METHOD, prediction.METHOD):
+    assert method_names() == ("none", "ngram", "suffix", "draft", "cross_vocab", "hybrid", "eagle3", "eagle",
+                              "medusa", "predicted_outputs", "auto")
+    for declared in (ngram.METHOD, suffix.METHOD, draft_model.METHOD, cross_vocab.METHOD, hybrid.METHOD,
+                     eagle.EAGLE3, eagle.EAGLE, medusa.METHOD, prediction.METHOD):
         assert METHOD_TABLE[declared.name] is declared and callable(declared.build)
     assert method_names("head") == ("eagle3", "eagle", "medusa")
     assert get_method("suffix").state_file == "suffix_cache" and get_method("draft").needs == "draft_model"
