@@ -95,7 +95,7 @@ def test_greedy_tokens_are_the_targets_and_drafts_are_target_ids(llm):
     try:
         assert llm.generate(prompts[0], params, spec="cross_vocab")[0].token_ids == plain[0]
     finally:
-        llm.engine.proposers["cross_vocab"].propose = real
+        del llm.engine.proposers["cross_vocab"].propose
     assert seen and set(seen) <= shared                                # never a draft id the target lacks
 
 
@@ -143,3 +143,75 @@ def test_a_pair_that_shares_no_words_is_refused_in_one_line(tiny_dirs, tmp_path)
     with pytest.raises(SpecDecError, match="cross_vocab"):        # the same-vocabulary method names the other one
         LLM(target=str(tiny_dirs["target"]), draft=str(other), dtype="float32", progress=False,
             speculative=SpeculativeConfig(method="draft", num_speculative_tokens=4))
+
+
+
+def _second_tokens(llm, prompt_ids, params, n, spec) -> torch.Tensor:
+    """Counts of the second generated token over n seeded requests, 100 at a time through the engine."""
+    from dataclasses import replace
+
+    counts = torch.zeros(llm.tokenizer.vocab_size)
+    for start in range(0, n, 100):
+        seqs = [llm.engine.add_request(f"s{start + i}", prompt_ids, replace(params, seed=start + i), spec)
+                for i in range(100)]
+        while llm.engine.has_unfinished():
+            llm.engine.step()
+        for seq in seqs:
+            counts[seq.output_ids[1]] += 1
+    return counts
+
+
+def test_sampled_outputs_follow_the_targets_distribution(llm):
+    """The second token of 2,000 seeded requests (the first one speculated: drafted by cross_vocab, verified) against
+    its exact marginal under the target (sum over the first token of p(t0) p(t1 | t0), top-k 5 so it is a small
+    table). The control: the draft's own proposals for that token, far from the target's marginal, with some of them
+    accepted -- the verifier, not the proposals, makes the outputs right."""
+    from specdec.models.runner import forward_once
+    from specdec.sampling.logits import probs_from_logits
+
+    params = SamplingParams(max_tokens=4, temperature=1.0, top_k=5, ignore_eos=True)    # room to draft after t0
+    ids = llm.tokenizer.encode("def add(a, b):\n    return")
+    model, vocab = llm.engine.model, llm.tokenizer.vocab_size                # padding rows are never sampled
+    p0 = probs_from_logits(forward_once(model, ids)[-1:, :vocab], 1.0, 5, 1.0, 0.0)[0]
+    want = torch.zeros_like(p0)
+    for t0 in p0.nonzero().flatten().tolist():
+        want += p0[t0] * probs_from_logits(forward_once(model, ids + [t0])[-1:, :vocab], 1.0, 5, 1.0, 0.0)[0]
+    proposer = llm.engine.proposers["cross_vocab"]
+    proposed = torch.zeros(vocab)
+    real = proposer.propose
+
+    def spy(ctxs, ks):
+        drafts = real(ctxs, ks)
+        for ctx, d in zip(ctxs, drafts):
+            if len(ctx.token_ids) == len(ids) + 1 and len(d):                  # drafting the second token
+                proposed[int(d.token_ids[0])] += 1
+        return drafts
+    proposer.propose = spy
+    n = 2000
+    try:
+        got = _second_tokens(llm, ids, params, n, SpeculativeConfig(method="cross_vocab", num_speculative_tokens=2))
+    finally:
+        del proposer.propose
+    tv = 0.5 * (got / n - want).abs().sum().item()
+    assert tv < 0.06, tv
+    assert proposed.sum() > 0.9 * n                                            # it drafted (nearly) every time
+    tv_proposed = 0.5 * (proposed / proposed.sum() - want).abs().sum().item()
+    kept = sum(min(g, q) for g, q in zip((got / n).tolist(), (proposed / proposed.sum()).tolist()))
+    assert tv_proposed > 3 * tv and kept > 0.01, (tv_proposed, kept)     # a few per cent of proposals survive
+
+
+@pytest.mark.real_models
+def test_real_target_with_the_gemma_draft_keeps_greedy_tokens():
+    """The default target (int4) drafted for by Gemma 3 270M: two prompts batched, the plain tokens kept, drafts
+    accepted; the pair shares most of Qwen's vocabulary by bytes."""
+    llm = LLM(draft="gemma3-270m", quantization="int4", progress=False,
+              speculative=SpeculativeConfig(method="cross_vocab", num_speculative_tokens=4))
+    assert llm.engine.proposers["cross_vocab"].status()["shared_tokens"] > 50_000
+    prompts = ["Write a Python function that returns the n-th Fibonacci number iteratively.",
+               "Rewrite this function with type hints and a docstring:\n\ndef mean(xs):\n    total = 0\n"
+               "    for x in xs:\n        total += x\n    return total / len(xs)"]
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    plain = llm.generate(prompts, params, spec="none")
+    outs = llm.generate(prompts, params, spec="cross_vocab")
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert sum(o.stats.accepted_tokens for o in outs) > 0

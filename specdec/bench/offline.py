@@ -182,7 +182,9 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
               # every method's run of a prompt starts cold: a cached prefix would favour the later runs' TTFT
               enable_prefix_caching=False,
               heads={m.name: cfg.heads.get(m.name) for m in dict.fromkeys(declared) if m.needs == "head"},
-              speculative=SpeculativeConfig(method=draft_model_method() if need_draft else PLAIN,
+              # the methods asked for that draft with a model: the first one loads it (cross_vocab: another vocabulary)
+              speculative=SpeculativeConfig(method=next((m.name for m in declared if m.needs == "draft_model"),
+                                                        draft_model_method()) if need_draft else PLAIN,
                                             quantization=cfg.draft_quantization,
                                             prompt_lookup_max=cfg.prompt_lookup_max,
                                             prompt_lookup_min=cfg.prompt_lookup_min))
