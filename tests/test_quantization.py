@@ -353,9 +353,11 @@ def test_default_quantization_keeps_a_quantized_gguf_in_its_blocks(tmp_path, tin
     assert default_quantization(str(tiny_dirs["target"]), "cpu") == "none"
 
 
-def test_header_field_reads_past_token_arrays_like_the_full_parser(tmp_path):
-    """The header walk (`specdec serve`'s start reads general.file_type with it) skips string and number arrays
-    and agrees with the gguf package's full parse, key by key; a missing key is the default, a cut file an error."""
+def test_our_gguf_reader_reads_what_the_gguf_package_reads(tmp_path):
+    """Our one-pass reader (metadata and tensors) against the gguf package's reader on a file with token arrays,
+    scalars of several types, a float and two block-quantized tensors: every field's value, every tensor's name,
+    shape, type and bytes; header_field (`specdec serve`'s start reads general.file_type with it) stops at its key;
+    a missing key is the default, a cut file one error line."""
     gguf = pytest.importorskip("gguf")
     from specdec.errors import SpecDecError
     from specdec.gguf_file import field, header_field, open_gguf
@@ -368,16 +370,31 @@ def test_header_field_reads_past_token_arrays_like_the_full_parser(tmp_path):
     w.add_float32("gemma3.rope.freq_base", 1e6)
     w.add_bool("tokenizer.ggml.add_bos_token", True)
     w.add_file_type(15)
-    w.add_tensor("x", np.zeros(32, dtype=np.float32))
+    w.add_array("tokenizer.ggml.token_type", [1, 3, 6] * 1000)
+    w.add_tensor("x", np.arange(32, dtype=np.float32))
+    rng = np.random.default_rng(0)
+    q8 = gguf.quants.quantize(rng.standard_normal((4, 256)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("q8", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    # a K-quant's bytes as they are (gguf has no Python quantizer for Q4_K): 144 bytes a 256-value block
+    w.add_tensor("q4k", rng.integers(0, 256, (4, 2 * 144), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    reader = open_gguf(path)
+    ours, theirs = open_gguf(path), gguf.GGUFReader(str(path))
+    assert list(ours.fields) == [k for k in theirs.fields if not k.startswith("GGUF.")]
+    for key in ours.fields:
+        assert field(ours, key) == theirs.fields[key].contents(), key
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors] == ["x", "q8", "q4k"]
+    for a, b in zip(ours.tensors, theirs.tensors):
+        assert a.tensor_type == b.tensor_type and a.shape.tolist() == b.shape.tolist()
+        assert a.data.shape == b.data.shape and np.array_equal(np.asarray(a.data), np.asarray(b.data))
     for key in ("general.architecture", "gemma3.block_count", "gemma3.rope.freq_base",
                 "tokenizer.ggml.add_bos_token", "general.file_type"):
-        assert header_field(path, key) == field(reader, key), key
+        assert header_field(path, key) == theirs.fields[key].contents(), key
     assert header_field(path, "no.such.key", 7) == 7
     path.write_bytes(path.read_bytes()[:20000])
     with pytest.raises(SpecDecError, match="cannot read GGUF"):
         header_field(path, "general.file_type")
+    with pytest.raises(SpecDecError, match="cannot read GGUF"):
+        open_gguf(path)
