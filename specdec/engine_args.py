@@ -46,6 +46,11 @@ class EngineArgs:
     def __post_init__(self):
         if self.speculative is None:
             self.speculative = SpeculativeConfig(method=draft_model_method() if self.draft else PLAIN)
+        elif isinstance(self.speculative, str):          # a method's name, as `generate(spec=...)` takes it
+            self.speculative = SpeculativeConfig(method=self.speculative)
+        elif not isinstance(self.speculative, SpeculativeConfig):
+            raise SpecDecError(f"speculative must be a SpeculativeConfig or a method name, got "
+                               f"{type(self.speculative).__name__}")
         if self.dtype not in DTYPES:
             raise SpecDecError(f"unknown dtype '{self.dtype}' (choose from: {', '.join(DTYPES)})")
         for name in ("quantization", "head_quantization"):

@@ -57,6 +57,7 @@ def test_from_generate_flags():
     ({"heads": {"lookahead": None}}, "'lookahead' is not a learned head method"),
     ({"num_threads": 0}, "num_threads must be >= 1"),
     ({"max_model_len": 1}, "max_model_len must be >= 2"),
+    ({"speculative": 4}, "speculative must be a SpeculativeConfig or a method name, got int"),
 ])
 def test_bad_values_fail_before_anything_loads(kwargs, message):
     with pytest.raises(SpecDecError, match=message):
@@ -86,3 +87,7 @@ def test_llm_takes_args_or_fields_not_both(tiny_dirs):
     assert args.policy_config.k_max == 3
     # the default draft flag: method draft when a draft is named
     assert EngineArgs(draft=str(tiny_dirs["draft"])).speculative.method == "draft"
+
+
+def test_a_method_name_is_a_speculative_config():
+    assert EngineArgs(target="/nonexistent.gguf", speculative="auto").speculative.method == "auto"
