@@ -100,11 +100,18 @@ def rope_qkv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
 
 
 def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: AttnMetadata, layer: int,
-                     fused: bool = True, impl: str = "auto") -> torch.Tensor:
+                     fused: bool = True, impl: str = "auto", window: int | None = None,
+                     positions: torch.Tensor | None = None) -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq*D]: each sequence writes its new K/V into its cache and each run of
     its rows attends over its own keys only (a row never depends on its neighbours). The compiled version runs
-    the same ATen attention kernel with the same arguments, looping in C++."""
-    if fused and fused_available(q):
+    the same ATen attention kernel with the same arguments, looping in C++.
+
+    window (a sliding-window layer; positions [N] then needed): a row at position p also drops the keys at cache
+    slots <= p - W. Slots before a sequence's new tokens hold positions equal to their slot; a token tree's new slots
+    hold its speculative ancestors, all within the window of any row of the tree (the tree is shorter than W), so one
+    rule serves chains, chunks and trees. Eager only: a caller passes a window once a forward's positions reach past
+    it (before that it drops nothing, and the compiled full attention gives the same rows)."""
+    if window is None and fused and fused_available(q):
         lists = attn.per_seq_lists
         return _ops().ragged_attention(q, k, v, lists[0], lists[1], layer, *lists[2:], impl=OPS_IMPLS[impl])
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -116,39 +123,14 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: At
         v_cache[:, s.start: s.start + s.num_tokens] = v[rows].transpose(0, 1)
         for run in s.runs:
             r0 = s.query_start + run.first
-            q_s = q[r0: r0 + run.num_rows].transpose(0, 1)                       # [Hq, T, D]
-            if run.mask is not None and run.mask.shape[0] > run.num_rows:   # padded queries: see causal_metadata
-                q_s = torch.cat([q_s, q_s.new_zeros(num_heads, run.mask.shape[0] - run.num_rows, head_dim)], 1)
-            o = F.scaled_dot_product_attention(q_s[None], k_cache[None, :, : run.key_len],
-                                               v_cache[None, :, : run.key_len], attn_mask=run.mask, enable_gqa=True)
-            out[r0: r0 + run.num_rows] = o[0, :, : run.num_rows].transpose(0, 1).reshape(run.num_rows, -1)
-    return out
-
-
-def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: AttnMetadata, layer: int,
-                       positions: torch.Tensor, window: int) -> torch.Tensor:
-    """ragged_attention for a sliding-window layer: a row at position p also drops the keys at cache slots <= p - W.
-    Slots before a sequence's new tokens hold positions equal to their slot; a token tree's new slots hold its
-    speculative ancestors, all within the window of any row of the tree (the tree is shorter than W), so one rule
-    serves chains, chunks and trees. Eager: it runs only once a forward's positions reach past the window (before
-    that the window drops nothing and the compiled full attention gives the same rows)."""
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    out = q.new_empty(q.shape[0], num_heads * head_dim)
-    for s in attn.seqs:
-        rows = slice(s.query_start, s.query_start + s.num_tokens)
-        k_cache, v_cache = s.kv.layer(layer)                                     # [Hkv, capacity, D]
-        k_cache[:, s.start: s.start + s.num_tokens] = k[rows].transpose(0, 1)
-        v_cache[:, s.start: s.start + s.num_tokens] = v[rows].transpose(0, 1)
-        for run in s.runs:
-            r0 = s.query_start + run.first
-            padded = run.mask.shape[0] if run.mask is not None else run.num_rows
-            keys = torch.arange(run.key_len, device=q.device)
-            pos = positions[r0: r0 + run.num_rows]
-            mask = keys[None, :] > (pos[:, None] - window)                        # [rows, key_len]
-            if padded > run.num_rows:   # zero-padded queries (batch invariance): their outputs are dropped
-                mask = torch.cat([mask, mask.new_ones(padded - run.num_rows, run.key_len)])
-            if run.mask is not None:
-                mask = mask & run.mask
+            padded = run.mask.shape[0] if run.mask is not None else run.num_rows   # see causal_metadata
+            mask = run.mask
+            if window is not None:
+                keys = torch.arange(run.key_len, device=q.device)
+                near = keys[None, :] > (positions[r0: r0 + run.num_rows, None] - window)   # [rows, key_len]
+                if padded > run.num_rows:       # zero-padded queries (batch invariance): their outputs are dropped
+                    near = torch.cat([near, near.new_ones(padded - run.num_rows, run.key_len)])
+                mask = near if mask is None else mask & near
             q_s = q[r0: r0 + run.num_rows].transpose(0, 1)                       # [Hq, T, D]
             if padded > run.num_rows:
                 q_s = torch.cat([q_s, q_s.new_zeros(num_heads, padded - run.num_rows, head_dim)], 1)

@@ -26,6 +26,7 @@ from ..models.kv_manager import KVManager
 from ..models.runner import Span, forward_spans
 from ..tokenizer import Tokenizer
 from .base import BuildContext, Draft, ProposalContext, Proposer, VerifyResult, empty_draft, head_draft_token
+from .draft_model import catch_up
 
 # Bytes alone do not count: every byte-level vocabulary has all 256 of them. A draft that shares fewer than this
 # share of its multi-byte tokens with the target could only spell the target's text a byte at a time.
@@ -144,12 +145,11 @@ class CrossVocabProposer(Proposer):
             if r.pending or not missing:                 # mid-character: the draft would continue the wrong text
                 continue
             if len(missing) > max(budget, 1):            # a long prompt: catch up by a chunk, draft next time
-                n = max(0, min(budget, len(missing) - 1))
-                if n:
-                    self.kv.ensure(ctx.seq_id, kv.length + n)
-                    spans.append(Span(kv, kv.length, missing[:n], "none"))
+                span = catch_up(self.kv, ctx.seq_id, kv, missing, budget)
+                if span is not None:
+                    spans.append(span)
                     owners.append(None)
-                    budget -= n
+                    budget -= len(span.token_ids)
                 continue
             budget -= len(missing)
             r.drafted_from = len(r.ids)

@@ -38,6 +38,17 @@ def check_compatible(target_tok: Tokenizer, draft_tok: Tokenizer, target_vocab: 
                            f"target and id {dv.get(diff)} in the draft")
 
 
+def catch_up(kv_manager: KVManager, seq_id: int, kv: SeqKV, missing: list[int], budget: int) -> Span | None:
+    """A sequence whose draft cache lacks more than the step's catch-up budget (a long prompt) is fed a chunk of
+    what it lacks (at most the budget, never all: the last token is fed with the step that drafts) and drafts
+    nothing this step: the span to feed, or None when the budget is spent."""
+    n = max(0, min(budget, len(missing) - 1))
+    if not n:
+        return None
+    kv_manager.ensure(seq_id, kv.length + n)
+    return Span(kv, kv.length, missing[:n], "none")
+
+
 class DraftModelProposer(Proposer):
     """Drafts for every sequence of a step in shared batched forwards of the draft model.
 
@@ -94,13 +105,12 @@ class DraftModelProposer(Proposer):
             if kv.length >= len(ids):                 # the newest token must be fed to draft after it
                 self.kv.truncate(ctx.seq_id, len(ids) - 1)
             missing = ids[kv.length:]                 # committed tokens the draft has not seen (>= 1)
-            if len(missing) > max(budget, 1):
-                n = max(0, min(budget, len(missing) - 1))
-                if n:                                 # catch up by a chunk; no draft for this sequence this step
-                    self.kv.ensure(ctx.seq_id, kv.length + n)
-                    spans.append(Span(kv, kv.length, missing[:n], "none"))
+            if len(missing) > max(budget, 1):           # catch up by a chunk; no draft for this sequence this step
+                span = catch_up(self.kv, ctx.seq_id, kv, missing, budget)
+                if span is not None:
+                    spans.append(span)
                     owners.append(None)
-                    budget -= n
+                    budget -= len(span.token_ids)
                 continue
             budget -= len(missing)
             if ctx.tree:
