@@ -212,6 +212,15 @@ def test_real_gemma3_served_with_ngram_and_suffix(gemma_gguf, tmp_path):
             "model": "gemma3-270m", "max_tokens": 8, "temperature": 0,
             "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]})
         assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] > 8
+        # structured outputs through llguidance over the SentencePiece vocabulary (its text never gets a BOS)
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                  "additionalProperties": False}
+        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+            "model": "gemma3-270m", "max_tokens": 24, "temperature": 0,
+            "messages": [{"role": "user", "content": "Is water wet? Answer in JSON."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}})
+        assert r.status_code == 200, r.text
+        assert isinstance(json.loads(r.json()["choices"][0]["message"]["content"])["ok"], bool)
         assert httpx.get(url + "/v1/speculative/status", timeout=30).status_code == 200
     out = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "x", "--target", "gemma3-270m",
                           "--method", "draft"], capture_output=True, text=True, timeout=300)

@@ -90,7 +90,8 @@ class _TokenBytes:
         self.special_token_ids = tokenizer.control_token_ids()
 
     def __call__(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text)
+        # text as the model would write it: never a BOS (Gemma's tokenizer adds one to a prompt)
+        return self._tokenizer.encode_text(text)
 
 
 def _grammar_text(spec: StructuredOutputs) -> str:
