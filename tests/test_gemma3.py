@@ -208,10 +208,13 @@ def test_real_gemma3_served_with_ngram_and_suffix(gemma_gguf, tmp_path):
             spec = r.json()["speculative"]
         assert texts["ngram"][0] == texts["none"][0] and texts["suffix"] == texts["none"] * 2
         assert spec["accepted_tokens"] > 16                             # the second suffix run copies the first
-        chat = httpx.post(url + "/v1/chat/completions", timeout=120, json={
-            "model": "gemma3-270m", "max_tokens": 8, "temperature": 0,
-            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]})
+        chat_body = {"model": "gemma3-270m", "max_tokens": 8, "temperature": 0,
+                     "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}
+        chat = httpx.post(url + "/v1/chat/completions", timeout=120, json=chat_body)
         assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] > 8
+        again = httpx.post(url + "/v1/chat/completions", timeout=120, json=chat_body).json()     # the prefix cache
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= chat.json()["usage"]["prompt_tokens"] - 1
+        assert again["choices"][0]["message"] == chat.json()["choices"][0]["message"]
         # structured outputs through llguidance over the SentencePiece vocabulary (its text never gets a BOS)
         schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
                   "additionalProperties": False}
