@@ -228,3 +228,13 @@ def test_real_gemma3_served_with_ngram_and_suffix(gemma_gguf, tmp_path):
     out = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "x", "--target", "gemma3-270m",
                           "--method", "draft"], capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "--draft" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_sliding_window_model_settles_answers_before_reuse(tiny_gemma):
+    """Past the window the local layers attend eagerly (rows depend on what shares the call), so even in bf16 a
+    Gemma answer's K/V is recomputed before a next turn reuses it, as fp32's is (LLMEngine.settle)."""
+    from specdec.models.runner import exact_rows
+
+    path, _ = tiny_gemma
+    model = load_model(str(path), dtype="bfloat16", device="cpu", progress=False).model
+    assert model.config.sliding_window == WINDOW and not exact_rows(model)
