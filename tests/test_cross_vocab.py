@@ -215,3 +215,19 @@ def test_real_target_with_the_gemma_draft_keeps_greedy_tokens():
     outs = llm.generate(prompts, params, spec="cross_vocab")
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     assert sum(o.stats.accepted_tokens for o in outs) > 0
+
+
+def test_roles_swapped_an_untied_byte_level_draft_for_a_sentencepiece_target(tiny_dirs, sp_draft, tmp_path_factory):
+    """The SentencePiece-style model as the target and the byte-level tiny Qwen (its own untied, packed output
+    head: every row computed, the shared ones kept) as the draft: the plain greedy tokens, drafts made."""
+    from model_cache import private_cache
+
+    with private_cache(tmp_path_factory):
+        llm = LLM(target=str(sp_draft), draft=str(tiny_dirs["target"]), dtype="float32", progress=False,
+                  speculative=SpeculativeConfig(method="cross_vocab", num_speculative_tokens=3))
+    assert llm.engine.proposers["cross_vocab"].head is None            # no float rows to cut from a packed head
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    prompt = "def add(a, b):\n    return a + b\n"
+    plain = llm.generate(prompt, params, chat=False, spec="none")[0]
+    out = llm.generate(prompt, params, chat=False, spec="cross_vocab")[0]
+    assert out.token_ids == plain.token_ids and out.stats.draft_tokens > 0

@@ -105,10 +105,13 @@ class CrossVocabProposer(Proposer):
         self.target_tok, self.draft_tok = target_tok, draft_tok
         self.catchup_budget = catchup_budget
         self.readers: dict[int, _Reader] = {}
-        # the output head cut to the shared rows: most of a small model's head is tokens the target cannot take
-        head = model.lm_head.weight if isinstance(getattr(model, "lm_head", None), torch.nn.Linear) \
-            else model.embed_tokens.weight
-        self.head = head.detach()[vocab_map.draft_ids.to(head.device)].contiguous()      # [M, H]
+        # the output head cut to the shared rows: most of a small model's head is tokens the target cannot take. Its
+        # weights are the embedding's for a tied head, a plain linear's own; a quantized untied head (no float rows
+        # to cut) computes every row and keeps the shared ones
+        lm_head = getattr(model, "lm_head", None)
+        rows = model.embed_tokens.weight if model.config.tie_word_embeddings else \
+            lm_head.weight if isinstance(lm_head, torch.nn.Linear) else None
+        self.head = None if rows is None else rows.detach()[vocab_map.draft_ids.to(rows.device)].contiguous()  # [M, H]
 
     def _read(self, seq_id: int, ids: list[int]) -> _Reader:
         """Bring the sequence's reader up to the target's committed tokens (all but the newest are verified; the
@@ -164,7 +167,9 @@ class CrossVocabProposer(Proposer):
                 span.kv.length = max(span.kv.length, span.start + len(span.token_ids))
                 if i is None:
                     continue
-                logits = F.linear(h[top][-1:], self.head).float()                 # [1, M]: the shared tokens
+                last = h[top][-1:]
+                logits = F.linear(last, self.head).float() if self.head is not None else \
+                    self.model.compute_logits(last)[:, self.map.draft_ids]             # [1, M]: the shared tokens
                 tok = head_draft_token(logits, self.map.target_ids, len(self.map), self.map.target_vocab, ctxs[i],
                                        q_rows[i])
                 drafted[i].append(tok)
@@ -204,7 +209,7 @@ class CrossVocabProposer(Proposer):
 
     @property
     def weight_bytes(self) -> int:
-        return self.model.weight_nbytes() + self.head.nbytes
+        return self.model.weight_nbytes() + (0 if self.head is None else self.head.nbytes)
 
     @property
     def cache_bytes(self) -> int:
