@@ -235,8 +235,15 @@ class Tokenizer:
 
     @functools.cached_property
     def _normalizer_kind(self) -> str | None:
+        """None, "NFC", or another normalizer's type. SentencePiece's one-character-for-one Replace (a space for
+        U+2581) keeps every length, so it counts as none."""
         spec = json.loads(self._tok.to_str()).get("normalizer")
-        return None if spec is None else spec.get("type", "?")
+        if spec is None:
+            return None
+        if spec.get("type") == "Replace" and len(spec.get("content", "")) == 1 and \
+                len((spec.get("pattern") or {}).get("String", "")) == 1:
+            return None
+        return spec.get("type", "?")
 
     @functools.cached_property
     def _control_tokens(self) -> re.Pattern | None:

@@ -161,6 +161,8 @@ def test_real_gemma3_greedy_matches_transformers_fp32(gemma_gguf, gemma_fp32):
     ref = _gemma_reference(gemma_gguf, GEMMA_PROMPTS, 24)
     assert [ours.tokenizer.encode(t) for t in GEMMA_TEXTS] == ref["texts"]             # BOS, then the text
     assert [ours.tokenizer.decode(ids[1:], skip_special_tokens=False) for ids in ref["texts"]] == GEMMA_TEXTS
+    # the length bound admission uses before tokenizing holds (the space-for-U+2581 normalizer keeps lengths)
+    assert all(0 < ours.tokenizer.min_tokens(t) <= len(ids) for t, ids in zip(GEMMA_TEXTS, ref["texts"]))
     assert len(ref["prompts"][-1]) > 600
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     for prompt, ids, want in zip(GEMMA_PROMPTS, ref["prompts"], ref["greedy"]):
