@@ -67,7 +67,7 @@ class Tokenizer:
     # -- building ---------------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, reader) -> Tokenizer:
-        from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+        from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
         from tokenizers import Tokenizer as HFTokenizer
 
         from .gguf_file import field
@@ -91,10 +91,7 @@ class Tokenizer:
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
         tok.decoder = decoders.ByteLevel()
-        added = [AddedToken(tokens[i], special=types[i] != _TOKEN_USER_DEFINED, normalized=False)
-                 for i in range(len(tokens)) if types[i] in (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)]
-        tok.add_special_tokens([a for a in added if a.special])
-        tok.add_tokens([a for a in added if not a.special])
+        _add_gguf_tokens(tok, tokens, types)
         return cls(tok, _gguf_meta(reader, tokens, add_bos_default=False))
 
     @classmethod
@@ -104,7 +101,7 @@ class Tokenizer:
         vocabulary lacks. The file lists no merges, so they are rebuilt from the vocabulary: every way to cut a
         token into two tokens is a merge, ranked by the token's place in the file (Gemma's scores do not follow its
         merge order; the order of the file does), which is how transformers reads these files."""
-        from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+        from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
         from tokenizers import Tokenizer as HFTokenizer
 
         from .gguf_file import field
@@ -123,10 +120,7 @@ class Tokenizer:
         tok.normalizer = normalizers.Replace(" ", _SPACE)
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(" "), behavior="merged_with_previous")
         tok.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
-        tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                                for i in range(len(tokens)) if types[i] == _TOKEN_CONTROL])
-        tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
-                        for i in range(len(tokens)) if types[i] == _TOKEN_USER_DEFINED])
+        _add_gguf_tokens(tok, tokens, types)
         return cls(tok, _gguf_meta(reader, tokens, add_bos_default=True))
 
     @classmethod
@@ -234,10 +228,18 @@ class Tokenizer:
         return -(-chars // self.max_token_chars)
 
     @functools.cached_property
+    def _pipeline(self) -> dict:
+        """The tokenizer's normalizer and decoder specs and its model's byte_fallback flag, from one parse of its JSON
+        (tens of MB for a 262k vocabulary: parsed once, the rest dropped)."""
+        spec = json.loads(self._tok.to_str())
+        return {"normalizer": spec.get("normalizer"), "decoder": spec.get("decoder"),
+                "byte_fallback": bool(spec["model"].get("byte_fallback"))}
+
+    @functools.cached_property
     def _normalizer_kind(self) -> str | None:
         """None, "NFC", or another normalizer's type. SentencePiece's one-character-for-one Replace (a space for
         U+2581) keeps every length, so it counts as none."""
-        spec = json.loads(self._tok.to_str()).get("normalizer")
+        spec = self._pipeline["normalizer"]
         if spec is None:
             return None
         if spec.get("type") == "Replace" and len(spec.get("content", "")) == 1 and \
@@ -292,11 +294,11 @@ class Tokenizer:
 
     @functools.cached_property
     def _byte_fallback(self) -> bool:
-        return bool(json.loads(self._tok.to_str())["model"].get("byte_fallback"))
+        return self._pipeline["byte_fallback"]
 
     @functools.cached_property
     def _byte_level(self) -> bool:
-        return '"ByteLevel"' in json.dumps(json.loads(self._tok.to_str()).get("decoder"))
+        return '"ByteLevel"' in json.dumps(self._pipeline["decoder"])
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
@@ -356,6 +358,17 @@ class Tokenizer:
         for i, template_text in zip(pieces[1::2], pieces[2::2]):
             ids += self._encode(self._plain_tok, found[int(i)]) + self._encode(self._tok, template_text)
         return self._with_bos(ids)
+
+
+def _add_gguf_tokens(tok, tokens: list[str], types: list[int]) -> None:
+    """The file's control tokens as special added tokens, its user-defined ones (`<tool_call>`, Gemma's newline runs)
+    as plain added tokens: each matched whole in text, never cut by the merges."""
+    from tokenizers import AddedToken
+
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, kind in zip(tokens, types) if kind == _TOKEN_CONTROL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t, kind in zip(tokens, types) if kind == _TOKEN_USER_DEFINED])
 
 
 def _gguf_meta(reader, tokens: list[str], add_bos_default: bool) -> dict:

@@ -112,12 +112,12 @@ def dequantize(tensor) -> np.ndarray:
 
 def iter_hf_tensors(reader, cfg: ModelConfig) -> Iterator[tuple[str, object]]:
     """Yield (hf_name, lazy tensor handle) for every tensor we use; callers dequantize."""
+    names = _GEMMA3_LAYER_NAMES if cfg.arch == "gemma3" else _LAYER_NAMES
     for t in reader.tensors:
         if t.name in _GLOBAL_NAMES:
             yield _GLOBAL_NAMES[t.name], t
             continue
         parts = t.name.split(".", 2)
-        names = _GEMMA3_LAYER_NAMES if cfg.arch == "gemma3" else _LAYER_NAMES
         if parts[0] == "blk" and parts[2] in names:
             yield f"model.layers.{parts[1]}.{names[parts[2]]}", t
         # other tensors (e.g. rope_freqs) are not used by this family's forward

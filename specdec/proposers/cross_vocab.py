@@ -14,6 +14,7 @@ target's token space, and no draft id ever reaches the target.
 """
 from __future__ import annotations
 
+import codecs
 import functools
 from dataclasses import dataclass, field
 
@@ -43,12 +44,12 @@ class VocabMap:
             if tid not in skip and target.id_to_token(tid) is not None:
                 by_bytes.setdefault(target.token_bytes(tid), tid)
         by_bytes.pop(b"", None)
-        skip, taken = set(draft.control_token_ids()), set()
-        pairs = []
-        for did in range(draft.vocab_size):
-            if did in skip or draft.id_to_token(did) is None:
-                continue
-            tid = by_bytes.get(draft.token_bytes(did))
+        skip = set(draft.control_token_ids())
+        spelled = {did: draft.token_bytes(did) for did in range(draft.vocab_size)
+                   if did not in skip and draft.id_to_token(did) is not None}
+        pairs, taken = [], set()
+        for did, text in spelled.items():
+            tid = by_bytes.get(text)
             if tid is not None and tid not in taken:
                 taken.add(tid)
                 pairs.append((did, tid))
@@ -56,9 +57,8 @@ class VocabMap:
         self.target_ids = torch.tensor([t for _, t in pairs], dtype=torch.long)
         self.draft_of = {t: d for d, t in pairs}
         self.target_vocab, self.draft_vocab = target.vocab_size, draft.vocab_size
-        words = [d for d in range(draft.vocab_size) if d not in skip and len(draft.token_bytes(d)) > 1]
-        self.shared_words = sum(len(draft.token_bytes(d)) > 1 for d, _ in pairs)
-        self.draft_words = len(words)
+        self.draft_words = sum(len(text) > 1 for text in spelled.values())
+        self.shared_words = sum(len(spelled[d]) > 1 for d, _ in pairs)
 
     def __len__(self) -> int:
         return len(self.draft_of)
@@ -82,18 +82,13 @@ class _Reader:
     """How far the draft has read a sequence: target tokens turned into its own ids, and bytes still waiting."""
     target_len: int = 0                  # target tokens read
     ids: list[int] = field(default_factory=list)   # the draft's ids for them (its cache holds a prefix of these)
-    pending: bytes = b""                 # bytes of read target tokens that do not end a UTF-8 character yet
     drafted_from: int = 0                # len(ids) when the last draft began (its tokens follow)
+    # the target's bytes as text: holds back those that do not end a UTF-8 character yet
+    utf8: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
 
-
-def _complete_utf8(data: bytes) -> int:
-    """How many leading bytes of data end on a character boundary (the rest may be a character's start)."""
-    for back in range(1, min(4, len(data)) + 1):
-        b = data[-back]
-        if b & 0xC0 != 0x80:                         # a character's first byte: is it complete?
-            need = 1 if b < 0x80 else 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
-            return len(data) if back >= need else len(data) - back
-    return len(data)
+    @property
+    def pending(self) -> bool:
+        return bool(self.utf8.getstate()[0])
 
 
 class CrossVocabProposer(Proposer):
@@ -121,12 +116,10 @@ class CrossVocabProposer(Proposer):
             r = self.readers[seq_id] = _Reader()
             if self.draft_tok.add_bos and self.draft_tok.bos_token_id is not None:
                 r.ids.append(self.draft_tok.bos_token_id)
-        new = b"".join(self.target_tok.token_bytes(t) for t in ids[r.target_len:])
-        data = r.pending + new
-        cut = _complete_utf8(data)
-        if cut:
-            r.ids += self.draft_tok.encode_text(data[:cut].decode("utf-8", errors="replace"))
-        r.pending, r.target_len = data[cut:], len(ids)
+        text = r.utf8.decode(b"".join(self.target_tok.token_bytes(t) for t in ids[r.target_len:]))
+        if text:
+            r.ids += self.draft_tok.encode_text(text)
+        r.target_len = len(ids)
         return r
 
     @torch.inference_mode()
@@ -148,11 +141,7 @@ class CrossVocabProposer(Proposer):
             if r.pending or not missing:                 # mid-character: the draft would continue the wrong text
                 continue
             if len(missing) > max(budget, 1):            # a long prompt: catch up by a chunk, draft next time
-                span = catch_up(self.kv, ctx.seq_id, kv, missing, budget)
-                if span is not None:
-                    spans.append(span)
-                    owners.append(None)
-                    budget -= len(span.token_ids)
+                budget = catch_up(self.kv, ctx.seq_id, kv, missing, budget, spans, owners)
                 continue
             budget -= len(missing)
             r.drafted_from = len(r.ids)

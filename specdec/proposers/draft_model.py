@@ -38,15 +38,17 @@ def check_compatible(target_tok: Tokenizer, draft_tok: Tokenizer, target_vocab: 
                            f"target and id {dv.get(diff)} in the draft")
 
 
-def catch_up(kv_manager: KVManager, seq_id: int, kv: SeqKV, missing: list[int], budget: int) -> Span | None:
+def catch_up(kv_manager: KVManager, seq_id: int, kv: SeqKV, missing: list[int], budget: int, spans: list,
+             owners: list) -> int:
     """A sequence whose draft cache lacks more than the step's catch-up budget (a long prompt) is fed a chunk of
     what it lacks (at most the budget, never all: the last token is fed with the step that drafts) and drafts
-    nothing this step: the span to feed, or None when the budget is spent."""
+    nothing this step: its span joins the step's spans (owner None); returns the budget left."""
     n = max(0, min(budget, len(missing) - 1))
-    if not n:
-        return None
-    kv_manager.ensure(seq_id, kv.length + n)
-    return Span(kv, kv.length, missing[:n], "none")
+    if n:
+        kv_manager.ensure(seq_id, kv.length + n)
+        spans.append(Span(kv, kv.length, missing[:n], "none"))
+        owners.append(None)
+    return budget - n
 
 
 class DraftModelProposer(Proposer):
@@ -106,11 +108,7 @@ class DraftModelProposer(Proposer):
                 self.kv.truncate(ctx.seq_id, len(ids) - 1)
             missing = ids[kv.length:]                 # committed tokens the draft has not seen (>= 1)
             if len(missing) > max(budget, 1):           # catch up by a chunk; no draft for this sequence this step
-                span = catch_up(self.kv, ctx.seq_id, kv, missing, budget)
-                if span is not None:
-                    spans.append(span)
-                    owners.append(None)
-                    budget -= len(span.token_ids)
+                budget = catch_up(self.kv, ctx.seq_id, kv, missing, budget, spans, owners)
                 continue
             budget -= len(missing)
             if ctx.tree:

@@ -235,6 +235,7 @@ def _exposition(families: list) -> bytes:
     registry.register(_Families())
     return generate_latest(registry)
 
+
 VLLM_ENGINE_LABEL = {"engine": "0"}      # the label vLLM's families carry beside model_name (one engine here)
 
 
@@ -258,4 +259,3 @@ def vllm_alias(text: bytes | str) -> bytes:
                              s.timestamp, s.exemplar)
         families.append(alias)
     return _exposition(families)
-
