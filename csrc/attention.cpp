@@ -32,12 +32,22 @@ namespace {
 struct KeySlots {
     int64_t nprefix;
     const int64_t* path;   // nkeys - nprefix slots, or null
-    inline int64_t operator()(int64_t j) const { return j < nprefix ? j : path[j - nprefix]; }
+    int64_t first = 0;     // the kernels' key 0 is key `first` of the row (a sliding window's first key)
+    inline int64_t operator()(int64_t j) const {
+        j += first;
+        return j < nprefix ? j : path[j - nprefix];
+    }
 };
 
+// A sliding-window layer (window W > 0): a row at position p attends keys p - W + 1 .. p only. Its position is its
+// last key's (nkeys - 1, chain or tree row alike: a tree row's path ends with itself), and the keys it drops are
+// leading cache slots (positions = slots), never its tree path (shorter than W). A row whose window holds every key
+// (p < W) attends exactly as without a window, so a model's rows before the window match the full kernel's bits.
 struct RowKeys {
     int64_t row, nkeys;   // flat-batch row; the keys it attends (its position + 1 for a chain row)
     KeySlots slots;       // where they are
+    int64_t first = 0;    // keys before it are outside the row's window
+    KeySlots window_slots() const { return KeySlots{slots.nprefix, slots.path, first}; }
 };
 
 // One (row, head): q [D], keys/values [slots, D] (row stride D) -> out [D]; s: scratch of nkeys floats.
@@ -334,10 +344,13 @@ void attend_rows(const RowKeys* rows, int nrows, int nh, const B* q, int64_t qs0
     constexpr int64_t kChunk = 32;                 // value rows converted at a time (16 KB at d = 128: L1)
     const int np = nrows * nh;
     int64_t shared = rows[0].nkeys, most = 0;      // keys every row has at the same slots; the longest row
+    int64_t lo = rows[0].first;                    // the first key any row attends (a window's start)
     for (int r = 0; r < nrows; ++r) {
         shared = std::min(shared, std::min(rows[r].slots.nprefix, rows[r].nkeys));
         most = std::max(most, rows[r].nkeys);
+        lo = std::min(lo, rows[r].first);
     }
+    shared = std::max(shared, lo);
     const int64_t stride = most + L;
     w.qf.resize(size_t(np) * d);
     w.o.assign(size_t(np) * d, 0.f);
@@ -370,12 +383,18 @@ void attend_rows(const RowKeys* rows, int nrows, int nh, const B* q, int64_t qs0
             Avx2::values(ptrs, d, j0, j0 + n, s.data() + first_pair, o.data() + first_pair, pairs);
         }
     };
-    score_keys(direct, 0, shared, 0, np);
+    // keys lo .. first - 1 of a row outside its window are scored with the block's and then weigh exactly 0: its
+    // softmax runs over its own keys, and a +0 accumulator plus 0 x v stays +0 until its first key, so the row's
+    // bits equal those it gets alone (where lo is its own first)
+    score_keys(direct, lo, shared, 0, np);
     for (int r = 0; r < nrows; ++r) score_keys(rows[r].slots, shared, rows[r].nkeys, r * nh, nh);
     std::vector<float> inv(np);
     for (int r = 0, p = 0; r < nrows; ++r)
-        for (int h = 0; h < nh; ++h, ++p) inv[p] = 1.0f / Avx2::softmax(s[p], rows[r].nkeys);
-    value_keys(direct, 0, shared, 0, np);
+        for (int h = 0; h < nh; ++h, ++p) {
+            inv[p] = 1.0f / Avx2::softmax(s[p] + rows[r].first, rows[r].nkeys - rows[r].first);
+            std::fill(s[p] + lo, s[p] + rows[r].first, 0.f);
+        }
+    value_keys(direct, lo, shared, 0, np);
     for (int r = 0; r < nrows; ++r) value_keys(rows[r].slots, shared, rows[r].nkeys, r * nh, nh);
     for (int r = 0, p = 0; r < nrows; ++r)
         for (int h = 0; h < nh; ++h, ++p) Avx2::store(o[p], inv[p], d, out + rows[r].row * os0 + h * d);
@@ -434,18 +453,20 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
 #endif
             for (int64_t r = task.first; r < task.first + task.nrows; ++r) {
                 const RowKeys& rk = row_keys[r];
-                if (int64_t(scratch.size()) < task.nh * rk.nkeys) scratch.resize(task.nh * rk.nkeys + 256);
+                const int64_t nkeys = rk.nkeys - rk.first;
+                const KeySlots slots = rk.window_slots();
+                if (int64_t(scratch.size()) < task.nh * nkeys) scratch.resize(task.nh * nkeys + 256);
 #ifdef SPECDEC_HAVE_AVX512
                 if (path == specdec::kOpsAvx512) {
                     attend_heads<B>(int(task.nh), reinterpret_cast<const B*>(qp + rk.row * qs0 + task.head * qs1),
-                                    qs1, reinterpret_cast<const B*>(kc), reinterpret_cast<const B*>(vc), d, rk.nkeys,
-                                    rk.slots, scale, scratch.data(),
+                                    qs1, reinterpret_cast<const B*>(kc), reinterpret_cast<const B*>(vc), d, nkeys,
+                                    slots, scale, scratch.data(),
                                     reinterpret_cast<B*>(op + rk.row * hq * d + task.head * d), d);
                     continue;
                 }
 #endif
                 for (int64_t h = task.head; h < task.head + task.nh; ++h)
-                    attend_scalar<T>(qp + rk.row * qs0 + h * qs1, kc, vc, d, rk.nkeys, rk.slots, scale, scratch.data(),
+                    attend_scalar<T>(qp + rk.row * qs0 + h * qs1, kc, vc, d, nkeys, slots, scale, scratch.data(),
                                      op + rk.row * hq * d + h * d);
             }
         }
@@ -467,7 +488,8 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
                                const std::vector<int64_t>& run_rows, const std::vector<int64_t>& run_keys,
                                const std::vector<c10::optional<torch::Tensor>>& run_masks,
                                const std::vector<bool>& run_decode,
-                               const std::vector<c10::optional<torch::Tensor>>& run_trees, int64_t impl) {
+                               const std::vector<c10::optional<torch::Tensor>>& run_trees, int64_t impl,
+                               int64_t window) {
     const size_t nseq = starts.size(), nrun = run_seq.size();
     TORCH_CHECK(k_caches.size() == nseq && v_caches.size() == nseq && counts.size() == nseq,
                 "ragged_attention: one cache, start and count per sequence");
@@ -496,6 +518,9 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
     std::vector<std::array<int64_t, 3>> blocks;    // (sequence, first, rows) of up to kRowBlock rows of one run
     const int64_t hkv = k.size(1);
     TORCH_CHECK(hkv >= 1 && hq % hkv == 0, "ragged_attention: query heads must be a multiple of KV heads");
+    TORCH_CHECK(window >= 0, "ragged_attention: window must be >= 0 (0: none)");
+    // a row with nkeys keys (position nkeys - 1) in a window of W attends from key nkeys - W
+    auto window_start = [window](int64_t nkeys) { return window > 0 ? std::max<int64_t>(0, nkeys - window) : 0; };
     for (size_t r = 0; r < nrun; ++r) {
         const int64_t i = run_seq[r], r0 = run_row[r], t = run_rows[r], key_len = run_keys[r];
         TORCH_CHECK(i >= 0 && size_t(i) < nseq && r0 >= first_row[i] && t >= 1 && r0 + t <= first_row[i] + counts[i],
@@ -517,12 +542,12 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
                         ++len;
                     }
                     TORCH_CHECK(prefix >= 0 && prefix + len >= 1 && prefix <= cap, "ragged_attention: bad tree row");
-                    row_keys.push_back({r0 + row, prefix + len, KeySlots{prefix, path}});
+                    row_keys.push_back({r0 + row, prefix + len, KeySlots{prefix, path}, window_start(prefix + len)});
                 }
             } else {
                 for (int64_t row = r0; row < r0 + t; ++row) {
                     const int64_t pos = starts[i] + row - first_row[i];
-                    row_keys.push_back({row, pos + 1, KeySlots{pos + 1, nullptr}});
+                    row_keys.push_back({row, pos + 1, KeySlots{pos + 1, nullptr}, window_start(pos + 1)});
                 }
             }
             for (int64_t b = int64_t(row_keys.size()) - t; b < int64_t(row_keys.size()); b += kRowBlock)
@@ -541,6 +566,17 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
                 padded.narrow(1, 0, t).copy_(qs);
                 qs = padded;
             }
+        }
+        const int64_t pos0 = starts[i] + r0 - first_row[i];                                 // the run's first position
+        if (window > 0 && window_start(pos0 + t) > 0) {
+            // the window as an additive mask beside the causal one: row p drops keys <= p - W (padded query rows,
+            // whose outputs are dropped, keep every key so that none is all -inf)
+            const int64_t rows = m.has_value() ? m->size(0) : t;
+            auto near = torch::arange(key_len, torch::kLong).unsqueeze(0) >
+                        (torch::arange(pos0, pos0 + rows, torch::kLong) - window).unsqueeze(1);
+            near.narrow(0, t, rows - t).fill_(true);
+            auto wm = torch::zeros({rows, key_len}, q.options()).masked_fill_(near.logical_not(), -INFINITY);
+            m = m.has_value() ? *m + wm : wm;
         }
         auto o = at::scaled_dot_product_attention(qs.unsqueeze(0), kcs[i].narrow(1, 0, key_len).unsqueeze(0),
                                                   vcs[i].narrow(1, 0, key_len).unsqueeze(0), m, 0.0, false,
@@ -585,7 +621,7 @@ void register_attention(pybind11::module_& m) {
           pybind11::arg("v_caches"), pybind11::arg("layer"), pybind11::arg("starts"), pybind11::arg("counts"),
           pybind11::arg("run_seq"), pybind11::arg("run_row"), pybind11::arg("run_rows"), pybind11::arg("run_keys"),
           pybind11::arg("run_masks"), pybind11::arg("run_decode"), pybind11::arg("run_trees"),
-          pybind11::arg("impl") = 0);
+          pybind11::arg("impl") = 0, pybind11::arg("window") = 0);
 }
 
 }  // namespace specdec

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec.models import cpu_ops
-from specdec.models.attn_metadata import causal_metadata
+from specdec.models.attn_metadata import causal_metadata, tree_keys
 from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import SeqKV
 from specdec.models.qwen2 import rope_tables
@@ -177,20 +177,53 @@ def test_decode_rows_match_aten_attention(dtype, d, path):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_rows_are_the_same_alone_or_verified_together(dtype, path):
+@pytest.mark.parametrize("window", [None, 37])
+def test_decode_rows_are_the_same_alone_or_verified_together(dtype, path, window):
     """A one-token step at position p and row p of a 19-row verification (or prompt chunk) give the same bits: on
     AVX2 the rows attend in blocks of 8 sharing each key's loads, but every row's scores, softmax and value sums are
-    its own, over exactly keys 0..p in the same order (csrc/attention.cpp's invariant), whatever the blocks."""
+    its own, over exactly keys 0..p (p - W + 1..p in a sliding window) in the same order (csrc/attention.cpp's
+    invariant), whatever the blocks."""
     hq, hkv, d, t = 12, 2, 128, 19
     for cached in (5, 60, 63, 120, 333):
         q, k, v = (_rand(t, h, d, dtype=dtype, seed=s + cached) for h, s in ((hq, 50), (hkv, 51), (hkv, 52)))
         kv = _decode_caches(dtype, cached)
-        together = cpu_ops.ragged_attention(q, k, v, causal_metadata([(kv, cached, t, True)], 6, 64), 0, impl=path)
+        together = cpu_ops.ragged_attention(q, k, v, causal_metadata([(kv, cached, t, True)], 6, 64), 0, impl=path,
+                                            window=window)
         kv = _decode_caches(dtype, cached)
         for i in range(t):
             alone = cpu_ops.ragged_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1],
-                                             causal_metadata([(kv, cached + i, 1, True)], 6, 64), 0, impl=path)
+                                             causal_metadata([(kv, cached + i, 1, True)], 6, 64), 0, impl=path,
+                                             window=window)
             assert torch.equal(alone, together[i:i + 1]), (cached, i)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_sliding_window_drops_the_keys_the_eager_mask_drops(dtype, path):
+    """The compiled attention with a window (decode rows, a token tree's rows, prompt rows through ATen) against the
+    eager masked attention; a window holding every key changes no bit."""
+    hq, hkv, d, W = 6, 2, 64, 24
+    # (cached, new, decode, tree): a step past the window, a verification across it, a prompt chunk, a tree
+    shapes = [(70, 1, True, None), (20, 9, True, None), (50, 30, False, None), (90, 4, True, [[90], [91], [90, 92],
+                                                                                            [91, 93]])]
+    n = sum(t for _, t, _, _ in shapes)
+    q, k, v = (_rand(n, h, d, dtype=dtype, seed=s) for h, s in ((hq, 80), (hkv, 81), (hkv, 82)))
+    positions = torch.tensor([c + i for c, t, _, _ in shapes for i in range(t)])
+    positions[-4:] = torch.tensor([90, 90, 91, 91])        # a tree row's position: its prefix + depth - 1
+    min_rows, block = (6, 64) if dtype == torch.bfloat16 else (1, 1)
+
+    def run(window, fused):
+        kvs = [_decode_caches(dtype, c, seed=83 + c, layers=1, hkv=hkv, d=d, capacity=192) for c, *_ in shapes]
+        spans = [(kv, c, t, dec) if tree is None else (kv, c, t, dec, tree_keys(tree, c))
+                 for kv, (c, t, dec, tree) in zip(kvs, shapes)]
+        return cpu_ops.ragged_attention(q, k, v, causal_metadata(spans, min_rows, block), 0, fused=fused,
+                                        impl=path if fused else "auto", window=window, positions=positions)
+
+    ours, eager, full = run(W, True), run(W, False), run(None, True)
+    tol = dict(atol=2e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(ours, eager, **tol)
+    assert not torch.allclose(ours, full, **tol)                    # keys were dropped
+    assert torch.equal(run(1000, True), full)                       # a window past every key drops none
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -232,11 +232,35 @@ def test_real_gemma3_served_with_ngram_and_suffix(gemma_gguf, tmp_path):
     assert out.returncode != 0 and "--draft" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_a_sliding_window_model_settles_answers_before_reuse(tiny_gemma):
-    """Past the window the local layers attend eagerly (rows depend on what shares the call), so even in bf16 a
-    Gemma answer's K/V is recomputed before a next turn reuses it, as fp32's is (LLMEngine.settle)."""
-    from specdec.models.runner import exact_rows
+@pytest.mark.parametrize("method", ["none", "draft"])
+def test_an_answer_past_the_window_is_reusable_as_it_stands(tiny_gemma, method):
+    """bf16: the local layers take the row-by-row attention with their window, so past the window too a token's K/V
+    is the same from a decode step, a verification row or a prompt chunk of any size. A Gemma answer's entry then
+    equals a fresh prefill of prompt + answer bit for bit, with no settling pass."""
+    from specdec.engine import LLMEngine, SchedulerConfig
+    from specdec.models.runner import Span, exact_rows, forward_spans
 
     path, _ = tiny_gemma
-    model = load_model(str(path), dtype="bfloat16", device="cpu", progress=False).model
-    assert model.config.sliding_window == WINDOW and not exact_rows(model)
+    target = load_model(str(path), dtype="bfloat16", device="cpu", progress=False)
+    model = target.model
+    assert model.config.sliding_window == WINDOW and exact_rows(model)
+    # drafting with the target itself: every draft is accepted, so the answer's K/V comes from verification rows
+    engine = LLMEngine(model, target.tokenizer, model if method == "draft" else None, SchedulerConfig())
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    seq = engine.add_request("a", target.tokenizer.encode("def add(a, b):\n    return"), params,
+                             SpeculativeConfig(method=method, num_speculative_tokens=3))
+    while not seq.finished:
+        assert all(o.error is None for o in engine.step())
+    (entry,) = engine.kv.prefix.entries.values()
+    n = len(seq.token_ids) - 1                      # the last token was sampled after the last forward
+    assert n > 4 * WINDOW and entry.exact == n and not engine.has_background_work()
+    if method == "draft":
+        assert seq.stats.accepted_tokens >= 20
+    for cuts in ((n,), (5, 20, n - 25), (1,) * 7 + (n - 7,)):
+        fresh, start = engine.kv.ensure(-7, n + 1), 0
+        for c in cuts:
+            forward_spans(model, [Span(fresh, start, seq.token_ids[start:start + c], "none", decode=True)])
+            start += c
+        assert torch.equal(entry.kv.k[:, :, :n], fresh.k[:, :, :n])
+        assert torch.equal(entry.kv.v[:, :, :n], fresh.v[:, :, :n])
+        engine.kv.free_seq(-7)

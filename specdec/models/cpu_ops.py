@@ -106,14 +106,15 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: At
     its rows attends over its own keys only (a row never depends on its neighbours). The compiled version runs
     the same ATen attention kernel with the same arguments, looping in C++.
 
-    window (a sliding-window layer; positions [N] then needed): a row at position p also drops the keys at cache
-    slots <= p - W. Slots before a sequence's new tokens hold positions equal to their slot; a token tree's new slots
-    hold its speculative ancestors, all within the window of any row of the tree (the tree is shorter than W), so one
-    rule serves chains, chunks and trees. Eager only: a caller passes a window once a forward's positions reach past
-    it (before that it drops nothing, and the compiled full attention gives the same rows)."""
-    if window is None and fused and fused_available(q):
+    window (a sliding-window layer; the eager code then needs positions [N]): a row at position p also drops the
+    keys at cache slots <= p - W. Slots before a sequence's new tokens hold positions equal to their slot; a token
+    tree's new slots hold its speculative ancestors, all within the window of any row of the tree (the tree is
+    shorter than W), so one rule serves chains, chunks and trees. The compiled rows keep their batch invariance with
+    a window (csrc/attention.cpp, RowKeys), and a row whose window holds all its keys has the bits it has without."""
+    if fused and fused_available(q):
         lists = attn.per_seq_lists
-        return _ops().ragged_attention(q, k, v, lists[0], lists[1], layer, *lists[2:], impl=OPS_IMPLS[impl])
+        return _ops().ragged_attention(q, k, v, lists[0], lists[1], layer, *lists[2:], impl=OPS_IMPLS[impl],
+                                       window=window or 0)
     num_heads, head_dim = q.shape[1], q.shape[2]
     out = q.new_empty(q.shape[0], num_heads * head_dim)
     for s in attn.seqs:

@@ -50,10 +50,7 @@ class Gemma3Attention(nn.Module):
             q = q * self.q_scale
         qkv = torch.cat([q.view(n, -1), k.view(n, -1), qkv[:, self.q_size + self.kv_size:]], dim=1)
         q, k, v = cpu_ops.rope_qkv(qkv, positions, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
-        # until a row reaches past the window it drops nothing: the compiled full attention serves
-        past = self.window is not None and attn.max_position >= self.window
-        out = cpu_ops.ragged_attention(q, k, v, attn, self.layer_idx, window=self.window if past else None,
-                                       positions=positions)
+        out = cpu_ops.ragged_attention(q, k, v, attn, self.layer_idx, window=self.window, positions=positions)
         return self.o_proj(out)                                                  # [N, Hq*D] -> [N, hidden]
 
 

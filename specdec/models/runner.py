@@ -107,12 +107,10 @@ def exact_rows(model) -> bool:
     bf16 and int4 on CPU with the compiled ops: their attention is batch-invariant by construction and the linears
     are too (`batch_invariant`, packed_linear.py). Elsewhere (fp32, whose GEMMs round by row count; CUDA; the eager
     fallback) prompt rows keep flash attention and generated tokens' K/V is recomputed before a next turn may reuse
-    it (LLMEngine.settle). A sliding-window model (Gemma 3) is not exact either: past the window its local layers
-    attend in eager PyTorch, whose rows depend on how many share a call."""
+    it (LLMEngine.settle). A sliding-window model's local layers take the same row-by-row kernel with the window."""
     from . import cpu_ops
 
-    return (model.batch_invariant and cpu_ops.fused_available(model.embed_tokens.weight)
-            and model.config.sliding_window is None)
+    return model.batch_invariant and cpu_ops.fused_available(model.embed_tokens.weight)
 
 
 def forward_once(model, token_ids: list[int]) -> torch.Tensor:
