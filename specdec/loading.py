@@ -13,7 +13,7 @@ from .config import get_method
 from .engine_args import EngineArgs
 from .errors import SpecDecError
 from .models.heads import LoadedHead
-from .models.loader import LoadedModel, load_model
+from .models.loader import LoadedModel, load_model, source_arch
 from .models.registry import DEFAULT_DRAFT
 from .proposers import check_compatible
 from .proposers.cross_vocab import METHOD as CROSS_VOCAB
@@ -57,10 +57,10 @@ def load_head_for(method: str, path: str | None, target: LoadedModel, quantizati
     return head
 
 
-def default_draft(target: LoadedModel) -> str | None:
+def default_draft(arch: str) -> str | None:
     """The built-in draft (Qwen2.5-Coder 0.5B) for a target of its family; a target of another family (Gemma 3)
     gets a draft model only when one is named."""
-    return DEFAULT_DRAFT if target.config.arch in ("qwen2", "llama") else None
+    return DEFAULT_DRAFT if arch in ("qwen2", "llama") else None
 
 
 def wants_draft_model(args: EngineArgs) -> bool:
@@ -75,13 +75,15 @@ def load_models(args: EngineArgs) -> LoadedModels:
     and any others asked for in `args.heads` ({method: directory or None = shipped}), so that requests may pick
     them per request."""
     spec = args.speculative
+    draft = None
+    if wants_draft_model(args):      # read from the target's header: a missing draft is refused before any load
+        draft = args.draft or spec.model or default_draft(arch := source_arch(args.target, args.progress))
+        if draft is None and get_method(spec.method).needs == "draft_model":
+            raise SpecDecError(f"method '{spec.method}' needs a draft model for {args.target} ({arch}; the built-in "
+                               f"draft is a Qwen2): pass --draft")
     target = load_model(args.target, dtype=args.dtype, device=args.device, progress=args.progress,
                         quantization=args.quantization)
     out = LoadedModels(target)
-    draft = (args.draft or spec.model or default_draft(target)) if wants_draft_model(args) else None
-    if draft is None and wants_draft_model(args) and get_method(spec.method).needs == "draft_model":
-        raise SpecDecError(f"method '{spec.method}' needs a draft model for {target.name} ({target.config.arch}; the "
-                           f"built-in draft is a Qwen2): pass --draft")
     if draft is not None:
         # a draft's int4 is 4-bit throughout (its Q6_K/Q8_0 blocks re-quantized): its tokens are verified, so only
         # its step cost matters (measured on the 0.5B: 796 -> 559 MB, 23.7 -> 16.0 ms a step)

@@ -210,7 +210,7 @@ def test_real_target_with_the_gemma_draft_keeps_greedy_tokens():
     prompts = ["Write a Python function that returns the n-th Fibonacci number iteratively.",
                "Rewrite this function with type hints and a docstring:\n\ndef mean(xs):\n    total = 0\n"
                "    for x in xs:\n        total += x\n    return total / len(xs)"]
-    params = SamplingParams(max_tokens=32, temperature=0.0)
+    params = SamplingParams(max_tokens=20, temperature=0.0)
     plain = llm.generate(prompts, params, spec="none")
     outs = llm.generate(prompts, params, spec="cross_vocab")
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]

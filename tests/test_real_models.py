@@ -73,7 +73,7 @@ def test_real_pair_greedy_parity_fp32(llm_fp32):
     """fp32, one code prompt: prompt lookup, the 0.5B draft and the EAGLE-3 and Medusa heads shipped for the 1.5B
     each keep the plain greedy tokens; the draft agrees with the target most of the time on code, and the heads
     draft tokens the target accepts (on code, where they were trained)."""
-    params = SamplingParams(max_tokens=24, temperature=0.0)
+    params = SamplingParams(max_tokens=16, temperature=0.0)
     prompt = PROMPTS[0]
     base = llm_fp32.generate(prompt, params, spec="none")[0]
     assert base.stats.completion_tokens > 10
@@ -90,7 +90,7 @@ def test_real_pair_greedy_parity_bf16():
     shares its forward, so greedy speculation is token-exact: each prompt under each method, all of them in one
     mixed batch, equals the prompt's plain decoding alone."""
     llm = LLM(speculative=SpeculativeConfig(method="draft", num_speculative_tokens=4), progress=False)
-    params = SamplingParams(max_tokens=24, temperature=0.0)
+    params = SamplingParams(max_tokens=16, temperature=0.0)
     prompts = PROMPTS + ["用中文介绍一下你最喜欢的季节。"]
     alone = [llm.generate(prompt, params, spec="none")[0].token_ids for prompt in prompts]
     assert llm.generate(prompts[0], params, spec="draft")[0].token_ids == alone[0]        # alone, speculating

@@ -81,6 +81,19 @@ def resolve_source(spec: str, progress: bool = True) -> tuple[str, Path]:
                        "or a .gguf path / HF directory)")
 
 
+def source_arch(spec: str, progress: bool = True) -> str:
+    """The family a model argument names ('qwen2', 'llama', 'gemma3'), from its GGUF header or config.json, without
+    loading it (what a method that needs a same-family draft can be refused by before anything loads)."""
+    _, path = resolve_source(spec, progress=progress)
+    if path.is_file():
+        from ..gguf_file import header_field
+
+        return str(header_field(path, "general.architecture", ""))
+    cfg = json.loads((path / "config.json").read_text())
+    arch = cfg.get("model_type", "llama")
+    return "gemma3" if arch in ("gemma3", "gemma3_text") else arch
+
+
 GGUF_FLOAT_FILE_TYPES = (0, 1, 32)     # llama.cpp's file_type ALL_F32, MOSTLY_F16, MOSTLY_BF16: not block-quantized
 
 
