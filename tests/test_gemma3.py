@@ -246,7 +246,7 @@ def test_an_answer_past_the_window_is_reusable_as_it_stands(tiny_gemma, method):
     assert model.config.sliding_window == WINDOW and exact_rows(model)
     # drafting with the target itself: every draft is accepted, so the answer's K/V comes from verification rows
     engine = LLMEngine(model, target.tokenizer, model if method == "draft" else None, SchedulerConfig())
-    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=160, temperature=0.0, ignore_eos=True)
     seq = engine.add_request("a", target.tokenizer.encode("def add(a, b):\n    return"), params,
                              SpeculativeConfig(method=method, num_speculative_tokens=3))
     while not seq.finished:
@@ -256,11 +256,100 @@ def test_an_answer_past_the_window_is_reusable_as_it_stands(tiny_gemma, method):
     assert n > 4 * WINDOW and entry.exact == n and not engine.has_background_work()
     if method == "draft":
         assert seq.stats.accepted_tokens >= 20
+    kept = entry.kv
+    assert kept.base > 0                              # the local layers kept only their recent positions
     for cuts in ((n,), (5, 20, n - 25), (1,) * 7 + (n - 7,)):
         fresh, start = engine.kv.ensure(-7, n + 1), 0
         for c in cuts:
             forward_spans(model, [Span(fresh, start, seq.token_ids[start:start + c], "none", decode=True)])
             start += c
-        assert torch.equal(entry.kv.k[:, :, :n], fresh.k[:, :, :n])
-        assert torch.equal(entry.kv.v[:, :, :n], fresh.v[:, :, :n])
+        assert fresh.base == 0
+        for a, b in ((kept.k, fresh.k), (kept.v, fresh.v)):                                  # global layers
+            assert torch.equal(a[:, :, :n], b[:, :, :n])
+        for a, b in ((kept.local.k, fresh.local.k), (kept.local.v, fresh.local.v)):          # local: the span
+            assert torch.equal(a[:, :, :n - kept.base], b[:, :, kept.base:n])
         engine.kv.free_seq(-7)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_local_layers_keep_a_window_with_the_tokens_of_a_whole_cache(tiny_gemma, dtype):
+    """WindowedKV: the local layers keep a span of recent positions (slid forward as sequences grow), the budget
+    counts their share, and every method gives the tokens a whole-history cache gives -- chunked prefill, a batch,
+    a next turn from the prefix cache (bf16: the whole conversation; fp32 cannot settle an answer whose window slid,
+    so it reuses less), and a prompt that shares only the start of an entry whose window is gone (no hit there)."""
+    from specdec.engine import LLMEngine, SchedulerConfig
+    from specdec.models.kv_cache import WindowedKV
+    from specdec.models.qwen2 import Transformer
+
+    path, _ = tiny_gemma
+    target = load_model(str(path), dtype=dtype, device="cpu", progress=False)
+    model = target.model
+    assert isinstance(model.new_kv(), WindowedKV)
+    ids = target.tokenizer.encode("def add(a, b):\n    return a + b\n" * 3)
+    params = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
+
+    def run(method, windowed):
+        model.new_kv = model.new_kv if windowed else Transformer.new_kv.__get__(model)
+        try:
+            engine = LLMEngine(model, target.tokenizer, model if method == "draft" else None,
+                               SchedulerConfig(max_num_batched_tokens=16))
+            spec = SpeculativeConfig(method=method, num_speculative_tokens=3)
+            out, hits, peak = [], [], 0
+            for prompts in ([ids[: len(ids) - i] for i in range(3)], None, [ids[:12] + [7, 8, 9]]):
+                if prompts is None:                    # the next turn of the first conversation
+                    prompts = [out[0][0] + ids[:5]]
+                before = engine.kv.prefix.hits
+                seqs = [engine.add_request(f"r{len(out)}-{i}", p, params, spec) for i, p in enumerate(prompts)]
+                while not all(x.finished for x in seqs):
+                    assert all(o.error is None for o in engine.step())
+                    peak = max(peak, engine.kv.allocated)
+                out.append([list(x.token_ids) for x in seqs])
+                hits.append(engine.kv.prefix.hits - before)
+            return out, hits, peak
+        finally:
+            del model.new_kv
+
+    for method in ("none", "ngram", "draft"):
+        (got, hits, peak), (want, full_hits, full_peak) = run(method, True), run(method, False)
+        assert got == want, method
+        assert peak < full_peak, (method, peak, full_peak)
+        assert full_hits[2] == 12 and hits[2] == 0, method          # only the full cache still holds those 12
+        if dtype == "bfloat16":
+            assert hits[1] == full_hits[1] >= len(want[0][0]) - 1, method     # the first conversation reused whole
+        else:       # fp32 settles an answer before reuse, which needs the window its span has slid past
+            assert hits[1] <= full_hits[1], method
+
+
+def test_the_kv_budget_counts_the_local_layers_window(tiny_gemma):
+    """A request too long for the budget as whole-history caches count it (7 layers, 6 of them local with a window
+    of 8) is admitted when the local layers keep their span, stays inside the budget while it runs, and gives the
+    tokens a whole-history cache with room to spare gives."""
+    from specdec.engine import LLMEngine, SchedulerConfig
+    from specdec.errors import SpecDecError
+    from specdec.models.qwen2 import Transformer
+
+    path, _ = tiny_gemma
+    target = load_model(str(path), dtype="bfloat16", device="cpu", progress=False)
+    model, tok = target.model, target.tokenizer
+    ids = tok.encode("def add(a, b):\n    return a + b\n")
+    params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)     # its context: 512 positions
+
+    def run(budget: int):
+        engine = LLMEngine(model, tok, None, SchedulerConfig(max_total_tokens=budget, max_num_batched_tokens=16))
+        seq, peak = engine.add_request("a", ids, params, SpeculativeConfig()), 0
+        while not seq.finished:
+            assert all(o.error is None for o in engine.step())
+            peak = max(peak, engine.kv.allocated)
+            assert engine.kv.allocated <= budget
+        return list(seq.output_ids), peak
+
+    got, peak = run(420)
+    assert len(got) == 400 and peak < 300
+    model.new_kv = Transformer.new_kv.__get__(model)      # every layer's whole history
+    try:
+        with pytest.raises(SpecDecError, match="KV positions"):
+            run(420)
+        want, full_peak = run(2048)
+    finally:
+        del model.new_kv
+    assert got == want and full_peak > 400

@@ -116,7 +116,9 @@ class LLMEngine:
                                   if method.kind == "head" else ""))
         k = spec.num_speculative_tokens or 0
         need = min(len(prompt_ids) + params.max_tokens, self.max_model_len) + k + 1
-        if self.kv.extra_needed(-1, need) > self.sched_cfg.max_total_tokens:
+        # the rows a forward may add: a prompt chunk, or drafts (token trees included) with their bonus row
+        step_rows = self.sched_cfg.max_num_batched_tokens + k + 256
+        if self.kv.peak_needed(need, step_rows) > self.sched_cfg.max_total_tokens:
             raise SpecDecError(f"the request needs {need} KV positions; the KV cache holds "
                                f"{self.sched_cfg.max_total_tokens} "
                                "(raise --max-total-tokens or lower max_tokens)")
@@ -245,6 +247,9 @@ class LLMEngine:
         if not self.has_background_work():
             return 0
         entry = self.kv.prefix.to_settle()
+        if not entry.kv.serves(entry.exact):      # a windowed cache that slid past what its rows would attend
+            entry.tokens = entry.tokens[: entry.exact]
+            return 0
         n = min(self.SETTLE_TOKENS, entry.unsettled)
         self.runner.compute_prompt_rows(entry.kv, entry.exact, entry.tokens[entry.exact:entry.exact + n].tolist())
         entry.exact += n

@@ -234,7 +234,7 @@ class Scheduler:
             if hit is not None:
                 own = hit.entry.extras.get(seq.prefix_bound)
                 hit.target = min(hit.target, own.length if own is not None else 0)
-                if hit.target == 0:
+                if hit.target == 0 or not self.kv.usable(hit):
                     self.kv.unpin(hit)
                     hit = None
             return hit
@@ -253,6 +253,9 @@ class Scheduler:
                 if hit is not None:
                     self.kv.unpin(hit)
                 return False
+        if hit is not None and not self.kv.usable(hit):      # a window the source's local layers no longer hold
+            self.kv.unpin(hit)
+            return None
         return hit
 
     def _chunk(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:
@@ -265,6 +268,8 @@ class Scheduler:
         n = min(budget, len(seq.token_ids) - start)
         # a chunk that completes the prompt samples the first token; keep room for that step's drafts too
         need = start + n + (1 + seq.spec.k if n == len(seq.token_ids) - start else 0)
+        if seq.num_computed == 0:
+            self.kv.start_at(seq.seq_id, start)
         if self.kv.extra_needed(seq.seq_id, need) > self.kv.free:
             if hit is not None:
                 self.kv.unpin(hit)

@@ -49,6 +49,7 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
 @dataclass
 class AttnMetadata:
     seqs: list[SeqAttn]
+    local: AttnMetadata | None = None   # WindowedKV caches: the same rows over the local layers' spans
 
     @property
     def num_tokens(self) -> int:

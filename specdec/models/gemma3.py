@@ -22,6 +22,7 @@ from torch import nn
 from . import cpu_ops
 from .attn_metadata import AttnMetadata
 from .config import ModelConfig
+from .kv_cache import SeqKV, WindowedKV
 from .qwen2 import MLP, RMSNorm, RopeCache, Transformer
 
 
@@ -36,6 +37,8 @@ class Gemma3Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.window = cfg.sliding_window if cfg.is_sliding(layer_idx) else None
+        # its index among the layers of its kind, in a WindowedKV's global or local tensors
+        self.cache_index = sum(cfg.is_sliding(i) == bool(self.window) for i in range(layer_idx))
         # the attention kernels scale by head_dim^-0.5; a model that wants another scale gets q pre-multiplied
         scalar = cfg.query_pre_attn_scalar or cfg.head_dim
         self.q_scale = None if scalar == cfg.head_dim else math.sqrt(cfg.head_dim / scalar)
@@ -50,7 +53,11 @@ class Gemma3Attention(nn.Module):
             q = q * self.q_scale
         qkv = torch.cat([q.view(n, -1), k.view(n, -1), qkv[:, self.q_size + self.kv_size:]], dim=1)
         q, k, v = cpu_ops.rope_qkv(qkv, positions, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
-        out = cpu_ops.ragged_attention(q, k, v, attn, self.layer_idx, window=self.window, positions=positions)
+        if attn.local is None:                     # a whole-model cache (SeqKV): every layer at its own index
+            out = cpu_ops.ragged_attention(q, k, v, attn, self.layer_idx, window=self.window, positions=positions)
+        else:                                      # a WindowedKV: the local layers read their span
+            out = cpu_ops.ragged_attention(q, k, v, attn.local if self.window else attn, self.cache_index,
+                                           window=self.window, positions=positions)
         return self.o_proj(out)                                                  # [N, Hq*D] -> [N, hidden]
 
 
@@ -88,6 +95,16 @@ class Gemma3Transformer(Transformer):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         w = self.embed_tokens.weight
         return self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=w.dtype, device=w.device)
+
+    def new_kv(self) -> SeqKV:
+        """A WindowedKV where the compiled attention runs (its local layers keep a span of recent positions);
+        elsewhere every layer's whole history (the eager attention masks the window)."""
+        p, c = self.embed_tokens.weight, self.config
+        if not cpu_ops.fused_available(p):
+            return super().new_kv()
+        sliding = [c.is_sliding(i) for i in range(c.num_layers)]
+        return WindowedKV(sliding, c.sliding_window, max(1, self.key_block), c.num_kv_heads, c.head_dim, p.dtype,
+                          p.device)
 
     def rope_tables(self, needed: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
         full, local = self._rope(needed, device), self._local_rope(needed, device)

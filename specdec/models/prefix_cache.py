@@ -90,12 +90,12 @@ class PrefixCache:
 
     @property
     def capacity(self) -> int:
-        """Target positions the entries hold (what they take of the KV budget)."""
-        return sum(e.kv.capacity for e in self.entries.values())
+        """Target positions the entries hold (what they take of the KV budget, `SeqKV.footprint`)."""
+        return sum(e.kv.footprint for e in self.entries.values())
 
     @property
     def evictable(self) -> int:
-        return sum(e.kv.capacity for e in self.entries.values() if not e.pinned)
+        return sum(e.kv.footprint for e in self.entries.values() if not e.pinned)
 
     @property
     def tokens(self) -> int:

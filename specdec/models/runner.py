@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .attn_metadata import causal_metadata, tree_keys
-from .kv_cache import SeqKV
+from .kv_cache import SeqKV, WindowedKV
 
 
 @dataclass
@@ -54,7 +54,7 @@ def forward_spans(model, spans: list[Span], aux_layers: tuple[int, ...] = ()):
     With aux_layers, returns (logits, hidden): hidden per span is {layer: [len(token_ids), H]} for spans with
     `hidden` set (None for the others), from the same forward (see Transformer.forward)."""
     device = model.embed_tokens.weight.device
-    ids, pos, want, trees = [], [], [], []
+    ids, pos, want, trees, firsts = [], [], [], [], []
     row = 0
     for s in spans:
         n = len(s.token_ids)
@@ -62,6 +62,7 @@ def forward_spans(model, spans: list[Span], aux_layers: tuple[int, ...] = ()):
         positions, tree = s.layout()
         pos += positions
         trees.append(tree)
+        firsts.append(min(positions, default=s.start))
         if s.logits == "all":
             want.append((row, row + n))
         elif s.logits == "last":
@@ -71,6 +72,9 @@ def forward_spans(model, spans: list[Span], aux_layers: tuple[int, ...] = ()):
         row += n
     attn = causal_metadata([(s.kv, s.start, len(s.token_ids), s.decode, t) for s, t in zip(spans, trees)],
                            model.min_query_rows, model.key_block, device)
+    if spans and isinstance(spans[0].kv, WindowedKV):
+        attn.local = causal_metadata([_local_span(s, t, p) for s, t, p in zip(spans, trees, firsts)],
+                                     model.min_query_rows, model.key_block, device)
     out = model(torch.tensor(ids, dtype=torch.long, device=device),
                 torch.tensor(pos, dtype=torch.long, device=device), attn, aux_layers)
     if not aux_layers:
@@ -82,6 +86,21 @@ def forward_spans(model, spans: list[Span], aux_layers: tuple[int, ...] = ()):
         per_span.append({i: h[row: row + n] for i, h in aux.items()} if s.hidden else None)
         row += n
     return _logits(model, hidden, want), per_span
+
+
+def _local_span(s: Span, tree: torch.Tensor | None, first_position: int) -> tuple:
+    """A span's rows in its WindowedKV's local span: cache positions (and a tree's slots) less the span's base. Every
+    row must see its whole window there (KVManager.ensure slides the span so)."""
+    kv = s.kv
+    if (kv.base > max(0, first_position - kv.window + 1)
+            or s.start + len(s.token_ids) - kv.base > kv.local.capacity):
+        raise ValueError(f"rows at {s.start}..{s.start + len(s.token_ids) - 1} are outside the local span "
+                         f"{kv.base}..{kv.base + kv.local.capacity - 1}")
+    if tree is not None:
+        tree = tree.clone()
+        tree[:, 0] -= kv.base
+        tree[:, 1:][tree[:, 1:] >= 0] -= kv.base
+    return kv.local, s.start - kv.base, len(s.token_ids), s.decode, tree
 
 
 def _logits(model, hidden: torch.Tensor, want: list) -> list[torch.Tensor | None]:

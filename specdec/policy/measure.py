@@ -67,8 +67,8 @@ def _extend(model, kv, start: int, end: int) -> None:
         start = seed
     if end > start:
         idx = torch.arange(start, end, device=kv.k.device) % seed
-        for t in (kv.k, kv.v):
-            t[:, :, start:end] = t[:, :, idx]
+        for t, base in kv.tensors():            # a fresh windowed cache's local span starts at 0 too
+            t[:, :, start - base:end - base] = t[:, :, idx - base]
         kv.length = end
 
 
