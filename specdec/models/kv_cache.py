@@ -1,4 +1,5 @@
-"""One sequence's K/V for every layer. The model writes at the positions it is given; nothing here moves a length.
+"""One sequence's K/V for every layer (SeqKV; WindowedKV: a sliding-window model's, whose local layers keep a span of
+recent positions). The model writes at the positions it is given; nothing here moves a length.
 
 `length` (the positions holding committed tokens) is owned by the engine's KV manager: truncating a rejected draft
 is `length = n`, O(1), nothing copied; the stale entries past it are overwritten by the next forward and never
@@ -103,9 +104,7 @@ class WindowedKV(SeqKV):
         super().__init__(len(sliding) - n_local, num_kv_heads, head_dim, dtype, device)
         self.local = SeqKV(n_local, num_kv_heads, head_dim, dtype, device)
         self.window, self.block, self.base = window, block, 0
-        self.num_layers = len(sliding)
-        # a model layer's index in the global tensors or in the local ones
-        self.index = [sum(sliding[:i]) if s else i - sum(sliding[:i]) for i, s in enumerate(sliding)]
+        self.num_layers = len(sliding)       # a layer's index among its kind: Gemma3Attention.cache_index
 
     def _round(self, n: int) -> int:
         return -(-n // self.block) * self.block
