@@ -245,17 +245,15 @@ class Scheduler:
                 continue
             shared = common_prefix(np.asarray(r.prompt_ids[:len(ids)], dtype=np.int64), ids)
             have = min(r.num_computed, len(r.prompt_ids), shared)    # computed as prompt rows, and shared
-            if have > best:
+            # (and still held: a sliding-window model's local layers keep only their recent positions)
+            if have > best and self.kv.usable(candidate := Hit(None, have, have, source_seq=r.seq_id)):
                 if hit is not None:
                     self.kv.unpin(hit)
-                hit, best = Hit(None, have, have, source_seq=r.seq_id), have
+                hit, best = candidate, have
             if r.prefilling and shared - max(best, r.num_computed) >= SHARE_MIN:
                 if hit is not None:
                     self.kv.unpin(hit)
                 return False
-        if hit is not None and not self.kv.usable(hit):      # a window the source's local layers no longer hold
-            self.kv.unpin(hit)
-            return None
         return hit
 
     def _chunk(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:

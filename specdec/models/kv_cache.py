@@ -104,7 +104,8 @@ class WindowedKV(SeqKV):
         super().__init__(len(sliding) - n_local, num_kv_heads, head_dim, dtype, device)
         self.local = SeqKV(n_local, num_kv_heads, head_dim, dtype, device)
         self.window, self.block, self.base = window, block, 0
-        self.num_layers = len(sliding)       # a layer's index among its kind: Gemma3Attention.cache_index
+        # layers in all; a layer's index among those of its kind is Gemma3Attention.cache_index
+        self.num_layers = len(sliding)
 
     def _round(self, n: int) -> int:
         return -(-n // self.block) * self.block
@@ -119,15 +120,16 @@ class WindowedKV(SeqKV):
         base = max(self.base, min(self.length, need) - self.window - self.SLACK)
         return base, max(lcap, min(self._round(need - base + self.window), self._round(capacity - base)))
 
+    def _worth(self, capacity: int, lcap: int) -> int:
+        """Whole-model positions worth `capacity` global and `lcap` local positions of memory (rounded up)."""
+        return -(-(self.k.shape[0] * capacity + self.local.k.shape[0] * lcap) // self.num_layers)
+
     @property
     def footprint(self) -> int:
-        n_global = self.k.shape[0]
-        return -(-(n_global * self.capacity + self.local.k.shape[0] * self.local.capacity) // self.num_layers)
+        return self._worth(self.capacity, self.local.capacity)
 
     def footprint_after(self, capacity: int, need: int) -> int:
-        n_global = self.k.shape[0]
-        lcap = self._plan(capacity, need)[1]
-        return -(-(n_global * capacity + self.local.k.shape[0] * lcap) // self.num_layers)
+        return self._worth(capacity, self._plan(capacity, need)[1])
 
     def holds(self, need: int) -> bool:
         return need <= self.capacity and need - self.base <= self.local.capacity
@@ -145,8 +147,7 @@ class WindowedKV(SeqKV):
 
     def peak_footprint(self, positions: int, step_rows: int) -> int:
         # a slide leaves W + SLACK committed positions and room for a step and W more (_plan)
-        span = min(positions, self._round(step_rows + 2 * self.window + self.SLACK))
-        return -(-(self.k.shape[0] * positions + self.local.k.shape[0] * span) // self.num_layers)
+        return self._worth(positions, min(positions, self._round(step_rows + 2 * self.window + self.SLACK)))
 
     def _respan(self, base: int, lcap: int, keep_to: int) -> None:
         """Move the local span to start at `base` with `lcap` slots, keeping positions base .. keep_to - 1."""
@@ -179,9 +180,8 @@ class WindowedKV(SeqKV):
         local ones (`other.serves(n)` must hold), keeping the local room this cache was sized for."""
         super().copy_from(other, n)
         lo = max(0, n - self.window)
-        reserved = self.base + self.local.capacity                   # what the last resize made room below
-        self.base = lo                                               # the span restarts at lo, sized for the same
-        lcap = max(self._round(n - lo), min(self._round(reserved - lo + self.window), self.local.capacity))
+        reserved = self.base + self.local.capacity     # what the last resize made room below: the span restarts
+        lcap = max(self._round(n - lo), min(self._round(reserved - lo + self.window), self.local.capacity))   # at lo
         self._respan(lo, lcap, lo)
         src = other.local
         self.local.k[:, :, : n - lo] = src.k[:, :, lo - other.base: n - other.base]

@@ -93,7 +93,7 @@ class KVManager:
         """The prefix entry (of partition `salt`) to start `token_ids` from (reusing at most `limit` positions),
         pinned until `adopt` or `unpin`; None without a prefix cache or a match."""
         hit = self.prefix.lookup(token_ids, limit, salt) if self.prefix is not None else None
-        if hit is not None and not hit.entry.kv.serves(hit.target):   # a window the entry no longer holds
+        if hit is not None and not self.usable(hit):                  # a window the entry no longer holds
             hit = None
         if hit is not None:
             hit.entry.pinned += 1

@@ -54,7 +54,7 @@ def forward_spans(model, spans: list[Span], aux_layers: tuple[int, ...] = ()):
     With aux_layers, returns (logits, hidden): hidden per span is {layer: [len(token_ids), H]} for spans with
     `hidden` set (None for the others), from the same forward (see Transformer.forward)."""
     device = model.embed_tokens.weight.device
-    ids, pos, want, trees, firsts = [], [], [], [], []
+    ids, pos, want, trees, layouts = [], [], [], [], []
     row = 0
     for s in spans:
         n = len(s.token_ids)
@@ -62,7 +62,7 @@ def forward_spans(model, spans: list[Span], aux_layers: tuple[int, ...] = ()):
         positions, tree = s.layout()
         pos += positions
         trees.append(tree)
-        firsts.append(min(positions, default=s.start))
+        layouts.append(positions)
         if s.logits == "all":
             want.append((row, row + n))
         elif s.logits == "last":
@@ -73,7 +73,8 @@ def forward_spans(model, spans: list[Span], aux_layers: tuple[int, ...] = ()):
     attn = causal_metadata([(s.kv, s.start, len(s.token_ids), s.decode, t) for s, t in zip(spans, trees)],
                            model.min_query_rows, model.key_block, device)
     if spans and isinstance(spans[0].kv, WindowedKV):
-        attn.local = causal_metadata([_local_span(s, t, p) for s, t, p in zip(spans, trees, firsts)],
+        attn.local = causal_metadata([_local_span(s, t, min(p, default=s.start))
+                                      for s, t, p in zip(spans, trees, layouts)],
                                      model.min_query_rows, model.key_block, device)
     out = model(torch.tensor(ids, dtype=torch.long, device=device),
                 torch.tensor(pos, dtype=torch.long, device=device), attn, aux_layers)
