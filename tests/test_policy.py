@@ -360,17 +360,18 @@ def test_a_cost_model_file_of_another_version_is_measured_again(tiny_dirs, tmp_p
     import json
 
     from specdec import LLM
+    from specdec.llm import COST_MODEL_REVISION
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     llm = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
     llm.cost_model(3)
     (path,) = (tmp_path / "cache" / "cost_models").glob("*.json")
     saved = json.loads(path.read_text())
-    assert saved["revision"] == 11 and saved["verify"][0] == 1.0
-    saved.update(revision=10, verify=[7.0, 7.0, 7.0, 7.0])           # an older file at the same place
+    assert saved["revision"] == COST_MODEL_REVISION and saved["verify"][0] == 1.0
+    saved.update(revision=COST_MODEL_REVISION - 1, verify=[7.0, 7.0, 7.0, 7.0])           # an older file at the same place
     path.write_text(json.dumps(saved))
     again = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False).cost_model(3)
-    assert again.verify[0] == 1.0 and json.loads(path.read_text())["revision"] == 11
+    assert again.verify[0] == 1.0 and json.loads(path.read_text())["revision"] == COST_MODEL_REVISION
 
 
 def test_choose_drafts_less_after_a_long_prompt():
