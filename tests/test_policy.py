@@ -371,7 +371,8 @@ def test_a_cost_model_file_of_another_version_is_measured_again(tiny_dirs, tmp_p
     saved.update(revision=COST_MODEL_REVISION - 1, verify=[7.0, 7.0, 7.0, 7.0])           # an older file at the same place
     path.write_text(json.dumps(saved))
     again = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False).cost_model(3)
-    assert again.verify[0] == 1.0 and json.loads(path.read_text())["revision"] == COST_MODEL_REVISION
+    assert again.verify[0] == 1.0
+    assert json.loads(path.read_text())["revision"] == COST_MODEL_REVISION
 
 
 def test_choose_drafts_less_after_a_long_prompt():
