@@ -30,12 +30,11 @@ from .utils import set_aside
 
 log = logging.getLogger("specdec")
 
-# part of the cost-model cache key and of the file: 11 = V(n) and c by context buckets, 12 = AVX2 tiles of 8 rows
+# Part of the cost-model cache key and of the file: 12 = AVX2 block kernel in tiles of 8 rows, 11 = V(n) and c by
+# context buckets (rows attending in blocks), 10 = also at a long context, 9 = heads timed after a target forward, as
+# the engine runs them (8: int4 tiles of up to 9 rows, 7: learned heads' costs, 6: kernel weights in 2 MB pages, 5:
+# bf16 on specdec._C)
 COST_MODEL_REVISION = 12
-                             # (rows attending in blocks), 10 = also at a long context, 9 = heads
-                             # timed after a target forward, as the engine runs them (8: int4 tiles of up to 9
-                             # rows, 7: learned heads' costs, 6: kernel weights in 2 MB pages, 5: bf16 on
-                             # specdec._C)
 
 Prompt = str | list[dict]   # raw text or chat messages
 

@@ -368,7 +368,7 @@ def test_a_cost_model_file_of_another_version_is_measured_again(tiny_dirs, tmp_p
     (path,) = (tmp_path / "cache" / "cost_models").glob("*.json")
     saved = json.loads(path.read_text())
     assert saved["revision"] == COST_MODEL_REVISION and saved["verify"][0] == 1.0
-    saved.update(revision=COST_MODEL_REVISION - 1, verify=[7.0, 7.0, 7.0, 7.0])           # an older file at the same place
+    saved.update(revision=COST_MODEL_REVISION - 1, verify=[7.0, 7.0, 7.0, 7.0])   # an older file at the same place
     path.write_text(json.dumps(saved))
     again = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False).cost_model(3)
     assert again.verify[0] == 1.0
