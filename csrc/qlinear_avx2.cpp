@@ -34,6 +34,13 @@ typedef int32_t __attribute__((may_alias, aligned(1))) i32u;
 
 SPECDEC_AVX2 inline __m256i bcast4(const void* p) { return _mm256_set1_epi32(*static_cast<const i32u*>(p)); }
 
+// A group's scales of 8 columns (sc: 8 int8), each in both int16 halves of its lane: the vpmaddwd operand that
+// scales int16 pair sums into int32 (its low halves alone, sc against (x, 0), scale a single int16).
+SPECDEC_AVX2 inline __m256i group_scales(const int8_t* sc) {
+    const __m256i sc32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)sc));
+    return _mm256_or_si256(_mm256_and_si256(sc32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(sc32, 16));
+}
+
 // Rows a tile takes at once: the weights are unpacked once for all of them. Only the group loop's state is in
 // registers (per row an int16 or int32 sum; 4-bit codes keep S in memory, added to once a group), so 8 rows fit
 // beside the unpacked weights (measured on Zen 3: 8-row forwards 1.2-1.7x faster than with tiles of 4).
@@ -57,17 +64,16 @@ SPECDEC_AVX2 void rows_tile(const QWeight& w, const QAct& x, const float* bias, 
         __m256i S[R];
         for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
         if constexpr (BITS == 4)
-            for (int r = 0; r < R; ++r) _mm256_store_si256((__m256i*)Sm[r], S[r]);
+            for (int r = 0; r < R; ++r) _mm256_store_si256((__m256i*)Sm[r], _mm256_setzero_si256());
         const int64_t g0 = s * w.sb, g1 = std::min(ng, g0 + w.sb);
         for (int64_t g = g0; g < g1; ++g) {
             const uint8_t* tile = w.qw + (cb * ng + g) * tb + 32 * h;   // this half's 32 bytes of each 64-byte chunk
+            const int8_t* sc = w.sc + (cb * ng + g) * 16 + 8 * h;         // and its 8 columns' group scales
             if (pf && h == 0)
                 for (int64_t i = 0; i < tb; i += 64) _mm_prefetch(reinterpret_cast<const char*>(tile + pf + i), _MM_HINT_T0);
             const int8_t* a0 = x.a + r0 * K + g * GROUP;   // row r's activations of this group at a0 + r * K
             if constexpr (BITS == 8) {
-                // the group scale of each of the 8 columns in both int16 halves of its lane
-                const __m256i sc32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w.sc + (cb * ng + g) * 16 + 8 * h)));
-                const __m256i vsc2 = _mm256_or_si256(_mm256_and_si256(sc32, low16), _mm256_slli_epi32(sc32, 16));
+                const __m256i vsc2 = group_scales(sc);
                 const __m256i top = _mm256_set1_epi8(char(0x80));
 #pragma GCC unroll 1
                 for (int j = 0; j < NREG; ++j) {       // chunk j: k 4j..4j+3, one byte a code
@@ -80,7 +86,7 @@ SPECDEC_AVX2 void rows_tile(const QWeight& w, const QAct& x, const float* bias, 
                     }
                 }
                 // + sc * 128 * asum_g: the sc lanes (sc, 0) against the int16 pair (asum_g, asum_g+1)
-                const __m256i sc_lo = _mm256_and_si256(sc32, low16);
+                const __m256i sc_lo = _mm256_and_si256(vsc2, low16);
                 for (int r = 0; r < R; ++r)
                     S[r] = _mm256_add_epi32(S[r], _mm256_slli_epi32(_mm256_madd_epi16(sc_lo, bcast4(x.asum + (r0 + r) * ngp + g)), 7));
                 continue;
@@ -89,10 +95,7 @@ SPECDEC_AVX2 void rows_tile(const QWeight& w, const QAct& x, const float* bias, 
 #pragma GCC unroll 8
             for (int r = 0; r < R; ++r) d16[r] = _mm256_setzero_si256();
             __m256i vsc2 = _mm256_setzero_si256();
-            if constexpr (BITS == 6) {
-                const __m256i sc32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w.sc + (cb * ng + g) * 16 + 8 * h)));
-                vsc2 = _mm256_or_si256(_mm256_and_si256(sc32, low16), _mm256_slli_epi32(sc32, 16));
-            }
+            if constexpr (BITS == 6) vsc2 = group_scales(sc);   // 4-bit codes take it after the chunk loop
 #pragma GCC unroll 1
             for (int i = 0; i < NREG / 2; ++i) {        // chunk i: k 8i..8i+3 (low nibbles), 8i+4..8i+7 (high)
                 const __m256i b = _mm256_loadu_si256((const __m256i*)(tile + 64 * i));
@@ -116,8 +119,7 @@ SPECDEC_AVX2 void rows_tile(const QWeight& w, const QAct& x, const float* bias, 
                 }
             }
             if constexpr (BITS == 4) {
-                const __m256i sc32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w.sc + (cb * ng + g) * 16 + 8 * h)));
-                vsc2 = _mm256_or_si256(_mm256_and_si256(sc32, low16), _mm256_slli_epi32(sc32, 16));
+                vsc2 = group_scales(sc);
                 for (int r = 0; r < R; ++r) {
                     __m256i* sp = (__m256i*)Sm[r];
                     _mm256_store_si256(sp, _mm256_add_epi32(_mm256_load_si256(sp), _mm256_madd_epi16(d16[r], vsc2)));
