@@ -79,8 +79,8 @@ def cmd_bench_offline(args) -> int:
         repeats=args.repeats, seed=args.seed, out=args.out, peers=_csv(args.peers, str, "--peers"),
         target=args.target, draft=args.draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
-        draft_quantization=args.draft_quantization, quantization=args.quantization,
-        head_quantization=args.head_quantization, progress=not args.no_progress,
+        draft_quantization=args.draft_quantization, draft_vocab_size=args.draft_vocab_size,
+        quantization=args.quantization, head_quantization=args.head_quantization, progress=not args.no_progress,
         heads={m: getattr(args, f"{m}_head") for m in head_methods() if getattr(args, f"{m}_head")},
         eagle_topk=args.eagle_topk, num_steps=args.num_steps,
         tree_tokens=_csv(args.tree_tokens, int, "--tree-tokens") if args.tree_tokens else [])

@@ -51,6 +51,9 @@ def add_proposer_args(p: argparse.ArgumentParser) -> None:
                    help="draft model weights: runtime dtype, weight-only int8 or int4 (CPU; 4-bit throughout: "
                         "a GGUF's 6/8-bit blocks are re-quantized, since a draft only needs to be fast). Default: "
                         "int4 for a bf16 model on CPU when the compiled kernels are installed, else none")
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="the draft model's output head keeps the N tokens its target emits most (a ranking ships "
+                        "for the default target; FR-Spec). Default: 32768 where a ranking ships; 0: the whole head")
 
 
 class Parser(argparse.ArgumentParser):

@@ -159,6 +159,9 @@ class SpeculativeConfig:
     # OpenAI's Predicted Outputs: the tokens the client expects back (the file being edited), a request's own draft
     # source for the method that reads them (proposers/prediction.py)
     prediction: list[int] | None = None
+    # the draft model's output head cut to the N tokens its target emits most (proposers/draft_vocab.py; read at
+    # load): None = the default where a ranking ships for the target, 0 = the whole head
+    draft_vocab_size: int | None = None
 
     def __post_init__(self):
         method = get_method(self.method)
@@ -173,6 +176,11 @@ class SpeculativeConfig:
         if self.quantization not in (None, *QUANTIZATIONS):
             raise ValueError(f"unknown draft quantization '{self.quantization}' "
                              f"(choose from: {', '.join(QUANTIZATIONS)})")
+        if self.draft_vocab_size is not None and (isinstance(self.draft_vocab_size, bool)
+                                                  or not isinstance(self.draft_vocab_size, int)
+                                                  or self.draft_vocab_size < 0):
+            raise ValueError(f"draft_vocab_size must be a whole number >= 0 (0: the whole head), "
+                             f"got {self.draft_vocab_size!r}")
         if not 1 <= self.eagle_topk <= 16:
             raise ValueError(f"eagle_topk must be in 1..16, got {self.eagle_topk}")
         if self.eagle_topk > 1 and not method.tree:

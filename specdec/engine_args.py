@@ -20,7 +20,7 @@ from .utils import parse_json_object
 DTYPES = ("bfloat16", "float32", "float16")
 # vLLM's `--speculative-config` JSON keys
 SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "quantization",
-             "eagle_topk", "num_steps")
+             "eagle_topk", "num_steps", "draft_vocab_size")
 
 
 @dataclass
@@ -94,7 +94,7 @@ class EngineArgs:
                                          prompt_lookup_max=args.prompt_lookup_max,
                                          prompt_lookup_min=args.prompt_lookup_min,
                                          quantization=args.draft_quantization, eagle_topk=args.eagle_topk,
-                                         num_steps=args.num_steps)
+                                         num_steps=args.num_steps, draft_vocab_size=args.draft_vocab_size)
             except ValueError as exc:
                 raise SpecDecError(str(exc)) from None
             draft, heads, policy, scheduler = args.draft, {}, None, SchedulerConfig()

@@ -30,11 +30,12 @@ from .utils import set_aside
 
 log = logging.getLogger("specdec")
 
-# Part of the cost-model cache key and of the file: 12 = AVX2 block kernel in tiles of 8 rows, 11 = V(n) and c by
-# context buckets (rows attending in blocks), 10 = also at a long context, 9 = heads timed after a target forward, as
-# the engine runs them (8: int4 tiles of up to 9 rows, 7: learned heads' costs, 6: kernel weights in 2 MB pages, 5:
-# bf16 on specdec._C)
-COST_MODEL_REVISION = 12
+# Part of the cost-model cache key and of the file: 13 = the draft's prompt read timed over every token (it was timed
+# over 256 of 512) and its output head cut to the target's tokens, 12 = AVX2 block kernel in tiles of 8 rows, 11 = V(n)
+# and c by context buckets (rows attending in blocks), 10 = also at a long context, 9 = heads timed after a target
+# forward, as the engine runs them (8: int4 tiles of up to 9 rows, 7: learned heads' costs, 6: kernel weights in 2 MB
+# pages, 5: bf16 on specdec._C)
+COST_MODEL_REVISION = 13
 
 Prompt = str | list[dict]   # raw text or chat messages
 
@@ -162,7 +163,8 @@ class LLM:
         key = "|".join(map(str, (self.target.source, self.draft.source if self.draft else None, p.dtype, p.device,
                                  torch.get_num_threads(), k_max, max_rows, torch.__version__,
                                  self.speculative.prompt_lookup_max, self.speculative.prompt_lookup_min,
-                                 self.quantization, self.draft_quantization, COST_MODEL_REVISION,
+                                 self.quantization, self.draft_quantization, self.models.draft_vocab_size,
+                                 COST_MODEL_REVISION,
                                  sorted((m, str(h.source), h.quantization) for m, h in self.heads.items()))))
         path = cache_dir() / "cost_models" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         saved = read_cost_file(path, key, COST_MODEL_REVISION)   # None: none, unreadable or another version's

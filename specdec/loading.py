@@ -18,6 +18,7 @@ from .models.registry import DEFAULT_DRAFT
 from .proposers import check_compatible
 from .proposers.cross_vocab import METHOD as CROSS_VOCAB
 from .proposers.cross_vocab import vocab_map_of
+from .proposers.draft_vocab import draft_output_ids
 
 log = logging.getLogger("specdec")
 
@@ -28,6 +29,7 @@ class LoadedModels:
     draft: LoadedModel | None = None
     draft_quantization: str | None = None          # the draft's weights as loaded: none | int8 | int4
     draft_cross_vocab: bool = False                # the draft has another vocabulary (method cross_vocab drafts)
+    draft_vocab_size: int | None = None            # rows of the draft's output head where it was cut (None: whole)
     heads: dict[str, LoadedHead] = field(default_factory=dict)   # {method: head}
 
 
@@ -88,13 +90,21 @@ def load_models(args: EngineArgs) -> LoadedModels:
         # a draft's int4 is 4-bit throughout (its Q6_K/Q8_0 blocks re-quantized): its tokens are verified, so only
         # its step cost matters (measured on the 0.5B: 796 -> 559 MB, 23.7 -> 16.0 ms a step)
         out.draft_quantization = default_draft_quantization(spec.quantization, target)
-        out.draft = load_model(draft, dtype=args.dtype, device=args.device,
-                               progress=args.progress, quantization=out.draft_quantization, int4_exact=False)
+        # the built-in draft's head is cut to the tokens its target emits, by default where a ranking ships for the
+        # target; another draft only when asked (draft_vocab_size), and then it must share the target's vocabulary
+        cut = spec.draft_vocab_size if spec.draft_vocab_size is not None or draft == DEFAULT_DRAFT else 0
+        output_ids = draft_output_ids(target.name, cut, target.tokenizer.vocab_size) if cut != 0 else None
+        out.draft = load_model(draft, dtype=args.dtype, device=args.device, progress=args.progress,
+                               quantization=out.draft_quantization, int4_exact=False, output_ids=output_ids)
+        out.draft_vocab_size = None if output_ids is None else len(output_ids)
         try:
             check_compatible(target.tokenizer, out.draft.tokenizer, target.config.vocab_size,
                              out.draft.config.vocab_size)
         except SpecDecError as exc:
             policy = get_method(spec.method).kind == "policy"
+            if output_ids is not None:
+                raise SpecDecError(f"{exc}: draft_vocab_size cuts the head of a draft that shares the target's "
+                                   "vocabulary (0 keeps the whole head)") from None
             if spec.method != CROSS_VOCAB.name and not policy:
                 raise SpecDecError(f"{exc} (method {CROSS_VOCAB.name} drafts with a model of another vocabulary)"
                                    ) from None

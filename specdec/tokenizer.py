@@ -191,6 +191,11 @@ class Tokenizer:
         read as the plain characters it is."""
         return self._encode(self._plain_tok if self._control_tokens else self._tok, text)
 
+    def encode_texts(self, texts: list[str]) -> list[list[int]]:
+        """encode_text for many texts in one call (tokenizers spreads a batch over its threads)."""
+        tok = self._plain_tok if self._control_tokens else self._tok
+        return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+
     def _with_bos(self, ids: list[int]) -> list[int]:
         if self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id] + ids

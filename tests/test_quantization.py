@@ -399,3 +399,16 @@ def test_our_gguf_reader_reads_what_the_gguf_package_reads(tmp_path):
         header_field(path, "general.file_type")
     with pytest.raises(SpecDecError, match="cannot read GGUF"):
         open_gguf(path)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_selected_rows_compute_the_full_linears_columns(fmt):
+    """PackedBlocks.select_rows (a draft's output head cut to some tokens) gathers rows without unpacking: the cut
+    linear's outputs are the full one's columns bit for bit, in the order asked, whatever the tile."""
+    full = BlockQuantLinear(pack(_random_codes(*fmt)), None)
+    rows = torch.tensor([79, 3, 17, 16, 0, 45, 46, 47, 12, 64, 65, 31, 30, 2, 9, 77, 50, 51, 52])
+    cut = BlockQuantLinear(full.packed.select_rows(rows), None)
+    assert (cut.out_features, cut.in_features) == (len(rows), full.in_features)
+    for m in (1, 5, 9):
+        x = torch.randn(m, 896, generator=torch.Generator().manual_seed(m))
+        assert torch.equal(cut(x), full(x)[:, rows])

@@ -76,6 +76,7 @@ class OfflineBenchConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     draft_quantization: str | None = None
+    draft_vocab_size: int | None = None     # the draft's output head rows (None: the default; 0: the whole head)
     head_quantization: str | None = None     # learned heads' linears (None: models.heads.default_head_quantization)
     quantization: str | None = None         # the target's weights (--quantization)
     progress: bool = True
@@ -186,6 +187,7 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
               speculative=SpeculativeConfig(method=next((m.name for m in declared if m.needs == "draft_model"),
                                                         draft_model_method()) if need_draft else PLAIN,
                                             quantization=cfg.draft_quantization,
+                                            draft_vocab_size=cfg.draft_vocab_size,
                                             prompt_lookup_max=cfg.prompt_lookup_max,
                                             prompt_lookup_min=cfg.prompt_lookup_min))
     if AUTO in cfg.methods:

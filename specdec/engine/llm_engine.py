@@ -287,12 +287,6 @@ class LLMEngine:
         names = ctl.uses if ctl is not None else (seq.spec.method,)
         return [self.proposers[n] for n in names if n in self.proposers]
 
-    def _drafter(self, seq: Sequence) -> str | None:
-        """The proposer drafting for this sequence now (its method, or the model auto's controller still runs): it
-        reads the sequence's prompt chunks."""
-        ctl = seq.spec.controller
-        return ctl.drafter if ctl is not None else seq.spec.method
-
     def _reader(self, seq: Sequence) -> Proposer | None:
         """The learned head among the sequence's proposers, if any: it reads the sequence's hidden states at every
         step."""
@@ -352,14 +346,17 @@ class LLMEngine:
 
     def _read_prompts(self, prefills: list[tuple[Sequence, int]]) -> None:
         """The step's prompt chunks, to the proposers that read prompts themselves (a draft model), in the step that
-        prefills them in the target."""
+        prefills them in the target -- for a sequence of a fixed method. A sequence whose step controller picks its
+        proposer per step (auto, hybrid) leaves the draft's read of its prompt until a step first picks the draft,
+        which then catches up in chunks (DraftModelProposer.propose): no first token waits for a read the policy
+        may never use (a request that prompt lookup serves, a short answer)."""
         for name, proposer in self.proposers.items():
             # each chunk starts a few tokens early: after a prefix cache hit the draft's own cache may end a little
             # before the target's (it lacks the newest token's K/V), and the overlap lets it catch up here, in the
             # prefill, instead of in its first decode step (a proposer skips what its cache already holds)
             chunks = [(s.seq_id, max(0, s.num_computed - READ_BACK), s.token_ids[max(0, s.num_computed - READ_BACK):
                                                                                  s.num_computed + n])
-                      for s, n in prefills if self._drafter(s) == name]
+                      for s, n in prefills if s.spec.controller is None and s.spec.method == name]
             if chunks:
                 proposer.prefill(chunks)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..errors import SpecDecError
 from ..tokenizer import Tokenizer
@@ -330,9 +331,27 @@ def _read_entry(entry: Path, device: torch.device, scheme: str):
     return model, tokenizer, cfg, packed
 
 
+def keep_output_rows(model: Transformer, packed: dict | None, output_ids: torch.Tensor) -> None:
+    """Cut a model's output head (before it is quantized or packed) to the rows of `output_ids`: logits row j is then
+    token output_ids[j] (model.output_ids). A head in packed blocks keeps its codes as they are; a float or tied
+    head gets a linear of its own over those rows."""
+    ids = torch.as_tensor(output_ids, dtype=torch.long).cpu()
+    if int(ids.min()) < 0 or int(ids.max()) >= model.config.vocab_size or len(ids.unique()) != len(ids):
+        raise SpecDecError(f"output head rows must be distinct token ids below {model.config.vocab_size}")
+    if packed is not None and "lm_head" in packed:
+        packed["lm_head"] = packed["lm_head"].select_rows(ids)
+    else:
+        full = (model.lm_head if model.lm_head is not None else model.embed_tokens).weight
+        head = nn.Linear(full.shape[1], len(ids), bias=False, dtype=full.dtype, device=full.device)
+        head.weight = nn.Parameter(full.detach()[ids.to(full.device)].clone(), requires_grad=False)
+        model.lm_head = head
+    model.output_ids = ids.to(model.embed_tokens.weight.device)
+
+
 def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | torch.device | None = None,
                progress: bool = True, pack: bool = True, quantization: str | None = None,
-               quantize: str | None = None, int4_exact: bool = True) -> LoadedModel:
+               quantize: str | None = None, int4_exact: bool = True,
+               output_ids: torch.Tensor | None = None) -> LoadedModel:
     """Load a model argument for inference; converts and caches on first use.
 
     quantization (vLLM's name; `quantize` is the older alias): "none" (default: oneDNN-packed linears
@@ -341,6 +360,8 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
     Q5_0 blocks are kept without loss). int4 has its own conversion-cache entry (`<dtype>-int4-v<N>`).
     int4_exact=False (drafts) re-quantizes the 6- and 8-bit blocks to 4 bits too (lossy, ~30% fewer bytes to read;
     cache entry `<dtype>-int4-v<N>-4bit`): a draft's tokens are verified, so only its speed matters.
+    output_ids: keep only these rows of the output head (keep_output_rows; a draft's head cut to the tokens its
+    target emits).
     An entry carries its source's checksum (converted again when the source's bytes changed) and a damaged entry is
     converted again, with one warning line.
     """
@@ -382,6 +403,8 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
         converted = True
         model, tokenizer, cfg, packed = _read_entry(entry, device, scheme)
     model.eval().requires_grad_(False)
+    if output_ids is not None:
+        keep_output_rows(model, packed, output_ids)
     if scheme == "int4":
         quantize_model(model, "int4", packed)
     elif scheme == "int8":

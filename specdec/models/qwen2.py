@@ -107,6 +107,9 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(layer_cls(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # [V'] the token of each output-head row where the head keeps only some of the vocabulary (a draft model's
+        # head cut to the tokens a target emits: loader.load_model(output_ids=...)); None: row i is token i
+        self.output_ids: torch.Tensor | None = None
         self._rope = RopeCache(cfg)
         # Batch-invariant decoding (set by quantization.quantize_model for bf16 on CPU): attention runs over at
         # least `min_query_rows` query rows (zero-padded) and over keys padded with masked entries to a multiple of

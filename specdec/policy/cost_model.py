@@ -161,7 +161,7 @@ def read_cost_file(path, key: str, revision: int) -> CostModel | None:
 
 def prefill_pays(cost: CostModel, context: int, max_tokens: int, speedup: float) -> bool:
     """Does a draft model that must first read a `context`-token prompt (cost.draft_prefill_s a token, paid before
-    the first token) win back that time over at most `max_tokens` decode steps at `speedup`? Unknown costs: yes."""
+    it first drafts) win back that time over at most `max_tokens` decode steps at `speedup`? Unknown costs: yes."""
     if not cost.draft_prefill_s or not cost.target_step_s or speedup <= 1.0:
         return speedup > 1.0
     saved = max_tokens * cost.target_step_s * (1.0 - 1.0 / speedup)

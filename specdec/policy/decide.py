@@ -200,11 +200,6 @@ class StepController:
         return (self.model, lookup_method()) if self.use_lookup else (self.model,)
 
     @property
-    def drafter(self) -> str | None:
-        """The model proposer while it still drafts (k > 0): it must read the request's prompt."""
-        return self.model if self.k else None
-
-    @property
     def alpha(self) -> float:
         if not self.steps:
             return self.prior_alpha

@@ -177,7 +177,10 @@ def draft_token(logits: torch.Tensor, ctx: ProposalContext, q_rows: list) -> int
     verification needs). A constrained sequence drafts from the grammar-masked distribution and advances it."""
     p, c = ctx.params, ctx.constraint
     if c is not None:
-        logits = apply_masks(logits, c.mask()[None])
+        allowed = c.mask()[None]
+        logits = apply_masks(logits, allowed)
+        if not torch.isfinite(logits).any():    # a cut vocabulary that holds none of the allowed tokens: draft from
+            logits = apply_masks(torch.zeros_like(logits), allowed)    # them uniformly (any q is exact if reported)
     if p.greedy:
         tok = int(logits.argmax(-1))
     else:

@@ -11,7 +11,7 @@ from ..models.kv_manager import KVManager
 from ..models.qwen2 import Transformer
 from ..models.runner import Span, forward_spans
 from ..tokenizer import Tokenizer
-from .base import BuildContext, Draft, ProposalContext, Proposer, VerifyResult, draft_token
+from .base import BuildContext, Draft, ProposalContext, Proposer, VerifyResult, draft_token, head_draft_token
 from .tree import TreeBuilder
 
 DECODE_ROWS = 16     # catch-up spans up to this many tokens run as decode rows (row-by-row attention)
@@ -55,7 +55,9 @@ class DraftModelProposer(Proposer):
     """Drafts for every sequence of a step in shared batched forwards of the draft model.
 
     Each sequence's draft cache (held by a KV manager, like the target's) is a prefix of its committed tokens. The
-    engine feeds it the prompt, chunk by chunk, in the steps that prefill the target (`prefill`). The first forward of
+    engine feeds it the prompt of a request of method draft, chunk by chunk, in the steps that prefill the target
+    (`prefill`); a request whose step controller picks the draft per step (auto) has it read the prompt when a step
+    first picks the draft, by the catch-up below. The first forward of
     a step feeds every sequence the committed tokens its cache lacks (the newest token; after a fully accepted draft,
     the last draft token and the bonus token; the prompt when it was not fed during prefill) and yields its first
     draft token; each further forward feeds one row per sequence still drafting. A sequence more than `catchup_budget`
@@ -70,6 +72,8 @@ class DraftModelProposer(Proposer):
         self.kv = kv                                 # models.kv_manager.KVManager over the draft model
         self.catchup_budget = catchup_budget
         self.tree_base: dict[int, int] = {}          # seq_id -> committed tokens before its last tree
+        # [V'] the token of each row of a head cut to the tokens the target emits (FR-Spec); None: the whole vocabulary
+        self.output_ids = model.output_ids
 
     @torch.inference_mode()
     def prefill(self, chunks: list[tuple[int, int, list[int]]]) -> None:
@@ -134,7 +138,7 @@ class DraftModelProposer(Proposer):
                         nxt.append(grow)
                         nxt_owners.append((i, trees[i].frontier))
                     continue
-                tok = draft_token(lg[:, : self.vocab_size], ctxs[i], q_rows[i])
+                tok = self._token(lg, ctxs[i], q_rows[i])
                 drafted[i].append(tok)
                 if len(drafted[i]) < ks[i]:
                     nxt.append(Span(span.kv, span.kv.length, [tok], "last", decode=True))
@@ -153,14 +157,24 @@ class DraftModelProposer(Proposer):
                 out.append(Draft(torch.tensor(d, dtype=torch.long), torch.stack(q) if q else None))
         return out
 
+    def _token(self, logits: torch.Tensor, ctx: ProposalContext, q_rows: list) -> int:
+        """The next draft token from the draft's logits [1, V or V']. A cut head's q is its distribution over the rows
+        it keeps (zero elsewhere): the verifier's residual max(0, p_target - q_draft) covers the rest, so the output
+        stays the target's."""
+        if self.output_ids is None:
+            return draft_token(logits[:, : self.vocab_size], ctx, q_rows)
+        return head_draft_token(logits, self.output_ids, self.model.config.vocab_size, self.vocab_size, ctx, q_rows)
+
     def _grow_tree(self, b: TreeBuilder, ctx: ProposalContext, k: int, kv: SeqKV, logits: torch.Tensor,
                    nodes: list[int] | None) -> Span | None:
         """Add the children of the rows just computed (nodes; None: the newest committed token) and return the span
         that grows the tree's next level, or None when it is done: `depth` levels deep, or no frontier node could be
         kept at the size V(rows, context) makes best (the tree branches where the draft's top-1 is unsure: a
         confident top-1 leaves its siblings too unlikely to keep)."""
-        logp = torch.log_softmax(logits[:, : self.vocab_size].float(), -1)
+        logp = torch.log_softmax((logits if self.output_ids is not None else logits[:, : self.vocab_size]).float(), -1)
         lp, idx = logp.topk(b.topk, -1)
+        if self.output_ids is not None:
+            idx = self.output_ids[idx]
         for node, a, t in zip(nodes if nodes is not None else [-1], lp.tolist(), idx.tolist()):
             b.add_top(node, a, t)
         depth = 1 if nodes is None else b.nodes[nodes[0]].depth + 1
@@ -181,6 +195,10 @@ class DraftModelProposer(Proposer):
         keep = min(result.committed_len - 1, self.tree_base.pop(result.seq_id, result.committed_len))
         if kv is not None and kv.length > keep:
             self.kv.truncate(result.seq_id, keep)
+
+    def status(self) -> dict:
+        """The rows of the draft's output head (its vocabulary where the head was cut)."""
+        return {"draft_vocab_size": self.vocab_size if self.output_ids is None else len(self.output_ids)}
 
     def release(self, seq_id: int) -> None:
         self.tree_base.pop(seq_id, None)

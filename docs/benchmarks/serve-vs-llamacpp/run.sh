@@ -4,9 +4,10 @@
 # --rounds slices (a median and ratio per round, then their spread). Every phase starts its servers fresh (no
 # speculation pool, suffix store or prefix cache carried over from another phase) and stops them after:
 #
-#   c1     concurrency 1: llama-server plain (the reference), llama-server --spec-type ngram-simple, llama-server
-#          -md <0.5B> --spec-type draft-simple, specdec serve with speculation off ({"method": "none"}: the engine's
-#          share), specdec serve with no flags
+#   c1     concurrency 1: llama-server plain (the reference), llama-server's speculation four ways (--spec-type
+#          ngram-simple, --spec-type ngram-mod, -md <0.5B> --spec-type draft-simple, and -md <0.5B> --spec-type
+#          ngram-mod,draft-simple: lookup first, the draft elsewhere), specdec serve with speculation off
+#          ({"method": "none"}: the engine's share), specdec serve with no flags
 #   edits  held-out code edits (bench/edits.py): llama-server plain, specdec serve, and specdec serve sent each
 #          edit's original code as OpenAI's `prediction`
 #   c4     concurrency 4: llama-server -np 4 against specdec serve
@@ -57,14 +58,18 @@ if [[ ,$PHASES, == *,c1,* ]]; then
   llama_up 8021 "$OUT/c1/llama-plain.log" -np 1 -c 8192
   llama_up 8022 "$OUT/c1/llama-ngram.log" -np 1 -c 8192 --spec-type ngram-simple
   llama_up 8023 "$OUT/c1/llama-draft.log" -np 1 -c 8192 -md "$DRAFT" --spec-type draft-simple
+  llama_up 8025 "$OUT/c1/llama-ngram-mod.log" -np 1 -c 8192 --spec-type ngram-mod
+  llama_up 8026 "$OUT/c1/llama-ngram-mod-draft.log" -np 1 -c 8192 -md "$DRAFT" --spec-type ngram-mod,draft-simple
   specdec_up 8024 "$OUT/c1/specdec-off.log" --speculative-config '{"method": "none"}'
   specdec_up 8020 "$OUT/c1/specdec-serve.log"
-  for p in 8021 8022 8023 8024 8020; do wait_up "http://127.0.0.1:$p"; done
+  for p in 8021 8022 8023 8025 8026 8024 8020; do wait_up "http://127.0.0.1:$p"; done
   .venv/bin/specdec bench serve --dataset "$DATASET" --max-tokens 128 --temperature 0 --concurrency 1 \
     --rounds "$ROUNDS" \
     --endpoint http://127.0.0.1:8021 --label llama-server \
     --endpoint http://127.0.0.1:8022 --label llama-server-ngram \
     --endpoint http://127.0.0.1:8023 --label llama-server-md \
+    --endpoint http://127.0.0.1:8025 --label llama-server-ngram-mod \
+    --endpoint http://127.0.0.1:8026 --label llama-server-ngram-mod-md \
     --endpoint http://127.0.0.1:8024 --label specdec-off \
     --endpoint http://127.0.0.1:8020 --label specdec \
     --out "$OUT/c1"

@@ -172,6 +172,28 @@ class PackedBlocks:
                 done[id(v)] = fn(v)
         return replace(self, **{t: done[id(getattr(self, t))] for t in self.TENSORS})
 
+    def select_rows(self, rows: torch.Tensor) -> PackedBlocks:
+        """The blocks of output rows `rows` (in that order), without unpacking: every tensor of the layout keeps a
+        row's bytes at (its block of 16, its column in the block), so rows are gathered from there and laid out
+        again in blocks of 16 (zero-padded: their outputs are dropped, like pack's)."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        n = int(rows.numel())
+        blk, col = rows // 16, rows % 16
+        padded = -(-n // 16) * 16
+
+        def gather(t, cdim):  # t's rows live at (dim 0, dim cdim): -> [n, rest...] in the remaining dims' order
+            moved = t.movedim(cdim, 1)                                  # [nb, 16, rest...]
+            picked = moved[blk, col]                                    # [n, rest...]
+            pad = picked.new_zeros(padded - n, *picked.shape[1:])
+            return torch.cat([picked, pad]).view(padded // 16, 16, *picked.shape[1:]).movedim(1, cdim).contiguous()
+
+        nb, ng = self.qw.shape[:2]
+        qw = gather(self.qw.view(nb, ng, -1, 16, 4), 3).view(padded // 16, ng, -1)   # chunk, column, 4 bytes
+        sc = gather(self.sc, 2)
+        mn = sc if self.mn is self.sc else gather(self.mn, 2)
+        dm = gather(self.dm, 3)
+        return PackedBlocks(qw, sc, mn, dm, self.bits, self.group, self.sb, n)
+
     def format(self) -> str:
         return f"{self.bits},{self.group},{self.sb},{self.n}"
 

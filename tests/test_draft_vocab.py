@@ -1,0 +1,144 @@
+"""The draft model's output head cut to the tokens its target emits (FR-Spec): the cut head computes the full head's
+rows, greedy outputs stay plain decoding's, a sampled draft comes from the distribution over the kept rows it
+reports, and the outputs follow the target's distribution, also where the target's likeliest tokens are cut."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specdec import LLM, SamplingParams, SpeculativeConfig
+from specdec.errors import SpecDecError
+from specdec.models.runner import forward_once
+from specdec.proposers import draft_vocab
+
+PROMPT = "def add(a, b):\n    return"
+
+
+@pytest.fixture(scope="module")
+def ranking(tmp_path_factory, tiny_dirs):
+    """A ranking for the tiny target that puts the target's own likeliest next tokens after PROMPT at the end, so a
+    head cut to its first half cannot propose them: only the verifier's residual can emit them."""
+    from model_cache import private_cache
+
+    from specdec.models.loader import load_model
+
+    with private_cache(tmp_path_factory):
+        target = load_model(str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
+    ids = target.tokenizer.encode(PROMPT)
+    vocab = target.tokenizer.vocab_size
+    liked = forward_once(target.model, ids)[-1, :vocab].topk(3).indices.tolist()
+    ranked = [t for t in range(vocab) if t not in liked] + liked
+    path = tmp_path_factory.mktemp("ranking") / "draft-vocab.safetensors"
+    draft_vocab.save_ranking(path, torch.tensor(ranked), {"target": "tiny"})
+    return path, liked, vocab
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_dirs, ranking, tmp_path_factory):
+    from model_cache import private_cache
+
+    path, _, vocab = ranking
+    with pytest.MonkeyPatch.context() as mp, private_cache(tmp_path_factory):
+        mp.setattr(draft_vocab, "ranking_path", lambda name: path)
+        return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", progress=False,
+                   speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3,
+                                                 draft_vocab_size=vocab // 2))
+
+
+def test_the_cut_head_computes_the_full_heads_rows(tiny_dirs, tmp_path_factory):
+    from model_cache import private_cache
+
+    from specdec.models.loader import load_model
+
+    keep = torch.tensor([5, 0, 17, 300, 42, 43, 1])
+    with private_cache(tmp_path_factory):
+        full = load_model(str(tiny_dirs["draft"]), dtype="float32", device="cpu", progress=False)
+        cut = load_model(str(tiny_dirs["draft"]), dtype="float32", device="cpu", progress=False, output_ids=keep)
+    ids = full.tokenizer.encode(PROMPT)
+    assert torch.equal(cut.model.output_ids, keep)
+    assert torch.equal(forward_once(cut.model, ids), forward_once(full.model, ids)[:, keep])
+    with pytest.raises(SpecDecError, match="distinct token ids"):
+        with private_cache(tmp_path_factory):
+            load_model(str(tiny_dirs["draft"]), dtype="float32", device="cpu", progress=False,
+                       output_ids=torch.tensor([3, 3]))
+
+
+def test_greedy_outputs_are_plain_decodings_and_drafts_come_from_the_kept_rows(llm, ranking):
+    _, liked, vocab = ranking
+    proposer = llm.engine.proposers["draft"]
+    kept = set(proposer.output_ids.tolist())
+    assert len(kept) == vocab // 2 and not kept & set(liked)
+    assert proposer.status() == {"draft_vocab_size": vocab // 2}
+    drafted = []
+    real = proposer.propose
+
+    def spy(ctxs, ks):
+        drafts = real(ctxs, ks)
+        drafted.extend(t for d in drafts for t in d.token_ids.tolist())
+        return drafts
+    proposer.propose = spy
+    try:
+        params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        for prompt in (PROMPT, "class Cache:\n    def rollback(self, n):"):
+            plain = llm.generate(prompt, params, spec="none")[0].token_ids
+            out = llm.generate(prompt, params, spec=SpeculativeConfig(method="draft", num_speculative_tokens=3))[0]
+            assert out.token_ids == plain and out.stats.draft_tokens > 0
+    finally:
+        del proposer.propose
+    assert drafted and set(drafted) <= kept
+
+
+def test_sampled_outputs_follow_the_targets_distribution_outside_the_kept_rows(llm, ranking):
+    """The second token of 1,000 seeded requests (drafted from the cut head, verified) against its exact marginal
+    under the target. The target's likeliest tokens were cut: the draft never proposes them, so the control (the
+    draft's own proposals) is far from the target's marginal, and the outputs still follow it."""
+    from specdec.sampling.logits import probs_from_logits
+
+    _, liked, vocab = ranking
+    params = SamplingParams(max_tokens=3, temperature=1.0, top_k=5, ignore_eos=True)
+    ids = llm.tokenizer.encode(PROMPT)
+    model = llm.engine.model
+    p0 = probs_from_logits(forward_once(model, ids)[-1:, :vocab], 1.0, 5, 1.0, 0.0)[0]
+    want = torch.zeros_like(p0)
+    for t0 in p0.nonzero().flatten().tolist():
+        want += p0[t0] * probs_from_logits(forward_once(model, ids + [t0])[-1:, :vocab], 1.0, 5, 1.0, 0.0)[0]
+    proposer = llm.engine.proposers["draft"]
+    proposed = torch.zeros(vocab)
+    real = proposer.propose
+
+    def spy(ctxs, ks):
+        drafts = real(ctxs, ks)
+        for ctx, d in zip(ctxs, drafts):
+            if len(ctx.token_ids) == len(ids) + 1 and len(d):                  # drafting the second token
+                proposed[int(d.token_ids[0])] += 1
+                q = d.q_draft[0]
+                assert abs(q.sum().item() - 1) < 1e-5 and q[liked].abs().max() == 0
+        return drafts
+    proposer.propose = spy
+    n, got = 1000, torch.zeros(vocab)
+    spec = SpeculativeConfig(method="draft", num_speculative_tokens=2)
+    try:
+        for start in range(0, n, 100):
+            seqs = [llm.engine.add_request(f"s{start + i}", ids, replace(params, seed=start + i), spec)
+                    for i in range(100)]
+            while llm.engine.has_unfinished():
+                llm.engine.step()
+            for seq in seqs:
+                got[seq.output_ids[1]] += 1
+    finally:
+        del proposer.propose
+    tv = 0.5 * (got / n - want).abs().sum().item()
+    assert tv < 0.07, tv
+    assert proposed.sum() > 0.9 * n
+    tv_proposed = 0.5 * (proposed / proposed.sum() - want).abs().sum().item()
+    assert tv_proposed > 3 * tv, (tv_proposed, tv)
+
+
+def test_draft_vocab_size_is_checked(tiny_dirs):
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        SpeculativeConfig(method="draft", draft_vocab_size=-1)
+    with pytest.raises(SpecDecError, match="no token ranking ships"):          # a local target has none
+        LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", progress=False,
+            speculative=SpeculativeConfig(method="draft", draft_vocab_size=64))
