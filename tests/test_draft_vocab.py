@@ -71,12 +71,13 @@ def test_greedy_outputs_are_plain_decodings_and_drafts_come_from_the_kept_rows(l
     kept = set(proposer.output_ids.tolist())
     assert len(kept) == vocab // 2 and not kept & set(liked)
     assert proposer.status() == {"draft_vocab_size": vocab // 2}
-    drafted = []
+    drafted, seen = [], set()                  # a draft proposes the cut's tokens and the sequence's own
     real = proposer.propose
 
     def spy(ctxs, ks):
         drafts = real(ctxs, ks)
         drafted.extend(t for d in drafts for t in d.token_ids.tolist())
+        seen.update(t for c in ctxs for t in c.token_ids)
         return drafts
     proposer.propose = spy
     try:
@@ -87,7 +88,7 @@ def test_greedy_outputs_are_plain_decodings_and_drafts_come_from_the_kept_rows(l
             assert out.token_ids == plain and out.stats.draft_tokens > 0
     finally:
         del proposer.propose
-    assert drafted and set(drafted) <= kept
+    assert drafted and set(drafted) <= kept | seen
 
 
 def test_sampled_outputs_follow_the_targets_distribution_outside_the_kept_rows(llm, ranking):
@@ -114,7 +115,10 @@ def test_sampled_outputs_follow_the_targets_distribution_outside_the_kept_rows(l
             if len(ctx.token_ids) == len(ids) + 1 and len(d):                  # drafting the second token
                 proposed[int(d.token_ids[0])] += 1
                 q = d.q_draft[0]
-                assert abs(q.sum().item() - 1) < 1e-5 and q[liked].abs().max() == 0
+                outside = torch.ones(vocab, dtype=torch.bool)
+                outside[proposer.output_ids] = False
+                outside[ctx.token_ids] = False
+                assert abs(q.sum().item() - 1) < 1e-5 and q[outside].abs().max() == 0
         return drafts
     proposer.propose = spy
     n, got = 1000, torch.zeros(vocab)
@@ -142,3 +146,34 @@ def test_draft_vocab_size_is_checked(tiny_dirs):
     with pytest.raises(SpecDecError, match="no token ranking ships"):          # a local target has none
         LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", progress=False,
             speculative=SpeculativeConfig(method="draft", draft_vocab_size=64))
+
+
+def test_a_sequences_own_tokens_outside_the_cut_are_drafted_from_the_whole_heads_rows(llm, tiny_dirs,
+                                                                                        tmp_path_factory):
+    """A prompt's rare tokens (outside the cut) join the sequence's draft vocabulary: their columns are the whole
+    head's logits for them, and a prompt that repeats such a token gets it proposed."""
+    from model_cache import private_cache
+
+    from specdec.models.loader import load_model
+    from specdec.proposers.base import ProposalContext
+
+    proposer = llm.engine.proposers["draft"]
+    kept = set(proposer.output_ids.tolist())
+    ids = llm.tokenizer.encode("class Cache:\n    def rollback(self, n):\n        self.length = n\n")
+    own = sorted({t for t in ids if t not in kept})
+    assert own                                          # the tiny ranking cuts some of this prompt's tokens
+    rows = proposer.context_rows(-1, ids)
+    assert rows.ids == set(own) and rows.token_ids.tolist() == proposer.output_ids.tolist() + own
+    with private_cache(tmp_path_factory):
+        full = load_model(str(tiny_dirs["draft"]), dtype="float32", device="cpu", progress=False)
+    hidden = torch.randn(2, full.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    cut_logits = proposer.model.compute_logits(hidden)
+    logits, token_ids = proposer.columns(-1, cut_logits, hidden)
+    assert torch.allclose(logits, full.model.compute_logits(hidden)[:, token_ids], atol=1e-5)
+    proposer.release(-1)
+    assert -1 not in proposer.extra
+    # greedy drafting from a prompt that repeats itself: the draft may now propose tokens only the prompt has
+    params = SamplingParams(temperature=0.0)
+    d = proposer.propose([ProposalContext(-2, ids * 3, params, None)], [3])[0]
+    proposer.release(-2)
+    assert len(d) == 3 and set(d.token_ids.tolist()) <= kept | set(own)

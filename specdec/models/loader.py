@@ -20,13 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..errors import SpecDecError
 from ..tokenizer import Tokenizer
 from ..utils import atomic_dir, remove_tree, write_json_atomic
 from .config import ModelConfig
 from .gemma3 import Gemma3Transformer
+from .output_rows import OutputRows
 from .qwen2 import Transformer
 from .registry import BUILTIN_MODELS, assemble, cache_dir
 
@@ -334,17 +334,18 @@ def _read_entry(entry: Path, device: torch.device, scheme: str):
 def keep_output_rows(model: Transformer, packed: dict | None, output_ids: torch.Tensor) -> None:
     """Cut a model's output head (before it is quantized or packed) to the rows of `output_ids`: logits row j is then
     token output_ids[j] (model.output_ids). A head in packed blocks keeps its codes as they are; a float or tied
-    head gets a linear of its own over those rows."""
+    head gets a linear of its own over those rows. The whole head stays at hand (model.output_rows) for the rows a
+    request needs beyond the cut."""
     ids = torch.as_tensor(output_ids, dtype=torch.long).cpu()
     if int(ids.min()) < 0 or int(ids.max()) >= model.config.vocab_size or len(ids.unique()) != len(ids):
         raise SpecDecError(f"output head rows must be distinct token ids below {model.config.vocab_size}")
     if packed is not None and "lm_head" in packed:
+        model.output_rows = OutputRows(packed["lm_head"])
         packed["lm_head"] = packed["lm_head"].select_rows(ids)
     else:
-        full = (model.lm_head if model.lm_head is not None else model.embed_tokens).weight
-        head = nn.Linear(full.shape[1], len(ids), bias=False, dtype=full.dtype, device=full.device)
-        head.weight = nn.Parameter(full.detach()[ids.to(full.device)].clone(), requires_grad=False)
-        model.lm_head = head
+        full = (model.lm_head if model.lm_head is not None else model.embed_tokens).weight.detach()
+        model.output_rows = OutputRows(full)
+        model.lm_head = model.output_rows.linear(ids)
     model.output_ids = ids.to(model.embed_tokens.weight.device)
 
 

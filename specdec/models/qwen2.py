@@ -110,6 +110,7 @@ class Transformer(nn.Module):
         # [V'] the token of each output-head row where the head keeps only some of the vocabulary (a draft model's
         # head cut to the tokens a target emits: loader.load_model(output_ids=...)); None: row i is token i
         self.output_ids: torch.Tensor | None = None
+        self.output_rows = None      # output_rows.OutputRows: the whole head's rows on demand where it was cut
         self._rope = RopeCache(cfg)
         # Batch-invariant decoding (set by quantization.quantize_model for bf16 on CPU): attention runs over at
         # least `min_query_rows` query rows (zero-padded) and over keys padded with masked entries to a multiple of

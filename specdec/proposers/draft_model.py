@@ -2,6 +2,8 @@
 requests that ask for one (eagle_topk > 1), a token tree grown level by level in the same batched forwards."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from ..config import Method
@@ -74,6 +76,11 @@ class DraftModelProposer(Proposer):
         self.tree_base: dict[int, int] = {}          # seq_id -> committed tokens before its last tree
         # [V'] the token of each row of a head cut to the tokens the target emits (FR-Spec); None: the whole vocabulary
         self.output_ids = model.output_ids
+        self.extra: dict[int, ContextRows] = {}     # seq_id -> its own tokens outside the cut, drafted from too
+        if self.output_ids is not None:
+            self.kept = bytearray(max(vocab_size, int(self.output_ids.max()) + 1))
+            for t in self.output_ids.tolist():
+                self.kept[t] = 1
 
     @torch.inference_mode()
     def prefill(self, chunks: list[tuple[int, int, list[int]]]) -> None:
@@ -121,27 +128,29 @@ class DraftModelProposer(Proposer):
             # a tree's expanded nodes take a slot each (at most topk a level) after the committed tokens
             self.kv.ensure(ctx.seq_id, len(ids) + (ctx.topk * ctx.depth if ctx.tree else k))
             # a few new tokens take the decode path (the draft's rows need no exactness; this is about speed)
-            spans.append(Span(kv, kv.length, missing, "last", decode=len(missing) <= DECODE_ROWS))
+            spans.append(Span(kv, kv.length, missing, "last", decode=len(missing) <= DECODE_ROWS,
+                              hidden=self.context_rows(ctx.seq_id, ids) is not None))
             owners.append((i, None))
         while spans:
-            logits = forward_spans(self.model, spans)
+            logits, hidden = self._forward(spans)
             nxt, nxt_owners = [], []
-            for span, owner, lg in zip(spans, owners, logits):
+            for span, owner, lg, h in zip(spans, owners, logits, hidden):
                 # what this forward wrote is now cached (a tree level: its slots, after the levels before it)
                 span.kv.length = max(span.kv.length, span.start + len(span.token_ids))
                 if owner is None:
                     continue
                 i, nodes = owner
+                lg, token_ids = self.columns(ctxs[i].seq_id, lg, h)
                 if i in trees:
-                    grow = self._grow_tree(trees[i], ctxs[i], ks[i], span.kv, lg, nodes)
+                    grow = self._grow_tree(trees[i], ctxs[i], ks[i], span.kv, lg, token_ids, nodes)
                     if grow is not None:
                         nxt.append(grow)
                         nxt_owners.append((i, trees[i].frontier))
                     continue
-                tok = self._token(lg, ctxs[i], q_rows[i])
+                tok = self._token(lg, token_ids, ctxs[i], q_rows[i])
                 drafted[i].append(tok)
                 if len(drafted[i]) < ks[i]:
-                    nxt.append(Span(span.kv, span.kv.length, [tok], "last", decode=True))
+                    nxt.append(Span(span.kv, span.kv.length, [tok], "last", decode=True, hidden=span.hidden))
                     nxt_owners.append((i, None))
             spans, owners = nxt, nxt_owners
         for ctx in ctxs:                          # the grammar state goes back to the committed tokens
@@ -157,24 +166,60 @@ class DraftModelProposer(Proposer):
                 out.append(Draft(torch.tensor(d, dtype=torch.long), torch.stack(q) if q else None))
         return out
 
-    def _token(self, logits: torch.Tensor, ctx: ProposalContext, q_rows: list) -> int:
-        """The next draft token from the draft's logits [1, V or V']. A cut head's q is its distribution over the rows
-        it keeps (zero elsewhere): the verifier's residual max(0, p_target - q_draft) covers the rest, so the output
-        stays the target's."""
+    def context_rows(self, seq_id: int, token_ids: list[int]) -> ContextRows | None:
+        """The sequence's own tokens that a cut head lacks (its prompt's rare words and names, which a draft copies
+        well), as rows drafted from beside the cut; brought up to date with the tokens committed since the last
+        step. None: the head is whole, or it holds every token of the sequence."""
         if self.output_ids is None:
-            return draft_token(logits[:, : self.vocab_size], ctx, q_rows)
-        return head_draft_token(logits, self.output_ids, self.model.config.vocab_size, self.vocab_size, ctx, q_rows)
+            return None
+        rows = self.extra.get(seq_id)
+        if rows is None:
+            rows = self.extra[seq_id] = ContextRows()
+        new = [t for t in token_ids[rows.seen:] if t < self.vocab_size and not self.kept[t] and t not in rows.ids]
+        rows.seen = len(token_ids)
+        if new:
+            rows.ids.update(new)
+            extra = torch.tensor(sorted(rows.ids), dtype=torch.long)
+            rows.linear = self.model.output_rows.linear(extra)
+            rows.token_ids = torch.cat([self.output_ids, extra.to(self.output_ids.device)])
+        return rows if rows.ids else None
+
+    def _forward(self, spans: list[Span]) -> tuple[list, list]:
+        """forward_spans, with each span's final hidden states where it asked for them (its sequence's own rows)."""
+        if not any(s.hidden for s in spans):
+            return forward_spans(self.model, spans), [None] * len(spans)
+        last = self.model.config.num_layers
+        logits, hidden = forward_spans(self.model, spans, aux_layers=(last,))
+        return logits, [h[last] if h is not None else None for h in hidden]
+
+    def columns(self, seq_id: int, logits: torch.Tensor, hidden: torch.Tensor | None):
+        """(logits, the token of each of its columns): a cut head's logits followed by the sequence's own rows."""
+        if self.output_ids is None:
+            return logits[:, : self.vocab_size], None
+        rows = self.extra.get(seq_id)
+        if hidden is None or rows is None or rows.linear is None:
+            return logits, self.output_ids
+        own = rows.linear(hidden[-logits.shape[0]:]).float()          # the rows the logits are for: the last ones
+        return torch.cat([logits, own], dim=-1), rows.token_ids
+
+    def _token(self, logits: torch.Tensor, token_ids: torch.Tensor | None, ctx: ProposalContext, q_rows: list) -> int:
+        """The next draft token from the draft's logits [1, columns] (column j: token token_ids[j]; None: the whole
+        vocabulary in order). A cut head's q is its distribution over the tokens it has (zero elsewhere): the
+        verifier's residual max(0, p_target - q_draft) covers the rest, so the output stays the target's."""
+        if token_ids is None:
+            return draft_token(logits, ctx, q_rows)
+        return head_draft_token(logits, token_ids, self.model.config.vocab_size, self.vocab_size, ctx, q_rows)
 
     def _grow_tree(self, b: TreeBuilder, ctx: ProposalContext, k: int, kv: SeqKV, logits: torch.Tensor,
-                   nodes: list[int] | None) -> Span | None:
+                   token_ids: torch.Tensor | None, nodes: list[int] | None) -> Span | None:
         """Add the children of the rows just computed (nodes; None: the newest committed token) and return the span
         that grows the tree's next level, or None when it is done: `depth` levels deep, or no frontier node could be
         kept at the size V(rows, context) makes best (the tree branches where the draft's top-1 is unsure: a
         confident top-1 leaves its siblings too unlikely to keep)."""
-        logp = torch.log_softmax((logits if self.output_ids is not None else logits[:, : self.vocab_size]).float(), -1)
+        logp = torch.log_softmax(logits.float(), -1)
         lp, idx = logp.topk(b.topk, -1)
-        if self.output_ids is not None:
-            idx = self.output_ids[idx]
+        if token_ids is not None:
+            idx = token_ids[idx]
         for node, a, t in zip(nodes if nodes is not None else [-1], lp.tolist(), idx.tolist()):
             b.add_top(node, a, t)
         depth = 1 if nodes is None else b.nodes[nodes[0]].depth + 1
@@ -185,7 +230,7 @@ class DraftModelProposer(Proposer):
             b.nodes[node].slot = start + r
         paths = [[b.nodes[a].slot for a in b.path(node)] for node in b.frontier]
         return Span(kv, start, [b.nodes[n].token for n in b.frontier], "all", decode=True, paths=paths,
-                    tree_base=base)
+                    tree_base=base, hidden=ctx.seq_id in self.extra and self.extra[ctx.seq_id].linear is not None)
 
     def observe(self, result: VerifyResult) -> None:
         kv = self.kv.caches.get(result.seq_id)
@@ -202,6 +247,7 @@ class DraftModelProposer(Proposer):
 
     def release(self, seq_id: int) -> None:
         self.tree_base.pop(seq_id, None)
+        self.extra.pop(seq_id, None)
         self.kv.free_seq(seq_id)
 
     def export_cache(self, seq_id: int) -> SeqKV | None:
@@ -220,6 +266,15 @@ class DraftModelProposer(Proposer):
     @property
     def cache_bytes(self) -> int:
         return self.kv.nbytes
+
+
+@dataclass
+class ContextRows:
+    """A sequence's own tokens outside a cut head, and the head's rows for them."""
+    seen: int = 0                                       # its tokens checked so far
+    ids: set[int] = field(default_factory=set)
+    linear: torch.nn.Module | None = None               # hidden -> logits of those tokens (ascending ids)
+    token_ids: torch.Tensor | None = None               # the cut head's tokens, then those
 
 
 def _build(ctx: BuildContext) -> DraftModelProposer | None:
