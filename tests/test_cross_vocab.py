@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from conftest import CORPUS
+from second_token import exact_marginal, second_token_proposals, second_tokens
 
 from specdec import LLM, SamplingParams, SpeculativeConfig
 from specdec.errors import SpecDecError
@@ -146,52 +147,18 @@ def test_a_pair_that_shares_no_words_is_refused_in_one_line(tiny_dirs, tmp_path)
 
 
 
-def _second_tokens(llm, prompt_ids, params, n, spec) -> torch.Tensor:
-    """Counts of the second generated token over n seeded requests, 100 at a time through the engine."""
-    from dataclasses import replace
-
-    counts = torch.zeros(llm.tokenizer.vocab_size)
-    for start in range(0, n, 100):
-        seqs = [llm.engine.add_request(f"s{start + i}", prompt_ids, replace(params, seed=start + i), spec)
-                for i in range(100)]
-        while llm.engine.has_unfinished():
-            llm.engine.step()
-        for seq in seqs:
-            counts[seq.output_ids[1]] += 1
-    return counts
-
-
 def test_sampled_outputs_follow_the_targets_distribution(llm):
     """The second token of 2,000 seeded requests (the first one speculated: drafted by cross_vocab, verified) against
     its exact marginal under the target (sum over the first token of p(t0) p(t1 | t0), top-k 5 so it is a small
     table). The control: the draft's own proposals for that token, far from the target's marginal, with some of them
     accepted -- the verifier, not the proposals, makes the outputs right."""
-    from specdec.models.runner import forward_once
-    from specdec.sampling.logits import probs_from_logits
-
     params = SamplingParams(max_tokens=4, temperature=1.0, top_k=5, ignore_eos=True)    # room to draft after t0
     ids = llm.tokenizer.encode("def add(a, b):\n    return")
-    model, vocab = llm.engine.model, llm.tokenizer.vocab_size                # padding rows are never sampled
-    p0 = probs_from_logits(forward_once(model, ids)[-1:, :vocab], 1.0, 5, 1.0, 0.0)[0]
-    want = torch.zeros_like(p0)
-    for t0 in p0.nonzero().flatten().tolist():
-        want += p0[t0] * probs_from_logits(forward_once(model, ids + [t0])[-1:, :vocab], 1.0, 5, 1.0, 0.0)[0]
-    proposer = llm.engine.proposers["cross_vocab"]
-    proposed = torch.zeros(vocab)
-    real = proposer.propose
-
-    def spy(ctxs, ks):
-        drafts = real(ctxs, ks)
-        for ctx, d in zip(ctxs, drafts):
-            if len(ctx.token_ids) == len(ids) + 1 and len(d):                  # drafting the second token
-                proposed[int(d.token_ids[0])] += 1
-        return drafts
-    proposer.propose = spy
+    vocab = llm.tokenizer.vocab_size                                           # padding rows are never sampled
+    want = exact_marginal(llm.engine.model, ids, vocab)
     n = 2000
-    try:
-        got = _second_tokens(llm, ids, params, n, SpeculativeConfig(method="cross_vocab", num_speculative_tokens=2))
-    finally:
-        del proposer.propose
+    with second_token_proposals(llm.engine.proposers["cross_vocab"], len(ids), vocab) as proposed:
+        got = second_tokens(llm, ids, params, n, SpeculativeConfig(method="cross_vocab", num_speculative_tokens=2))
     tv = 0.5 * (got / n - want).abs().sum().item()
     assert tv < 0.06, tv
     assert proposed.sum() > 0.9 * n                                            # it drafted (nearly) every time

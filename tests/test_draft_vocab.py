@@ -3,10 +3,9 @@ rows, greedy outputs stay plain decoding's, a sampled draft comes from the distr
 reports, and the outputs follow the target's distribution, also where the target's likeliest tokens are cut."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
+from second_token import exact_marginal, second_token_proposals, second_tokens
 
 from specdec import LLM, SamplingParams, SpeculativeConfig
 from specdec.errors import SpecDecError
@@ -95,44 +94,22 @@ def test_sampled_outputs_follow_the_targets_distribution_outside_the_kept_rows(l
     """The second token of 1,000 seeded requests (drafted from the cut head, verified) against its exact marginal
     under the target. The target's likeliest tokens were cut: the draft never proposes them, so the control (the
     draft's own proposals) is far from the target's marginal, and the outputs still follow it."""
-    from specdec.sampling.logits import probs_from_logits
-
-    _, liked, vocab = ranking
+    _, _, vocab = ranking
     params = SamplingParams(max_tokens=3, temperature=1.0, top_k=5, ignore_eos=True)
     ids = llm.tokenizer.encode(PROMPT)
-    model = llm.engine.model
-    p0 = probs_from_logits(forward_once(model, ids)[-1:, :vocab], 1.0, 5, 1.0, 0.0)[0]
-    want = torch.zeros_like(p0)
-    for t0 in p0.nonzero().flatten().tolist():
-        want += p0[t0] * probs_from_logits(forward_once(model, ids + [t0])[-1:, :vocab], 1.0, 5, 1.0, 0.0)[0]
+    want = exact_marginal(llm.engine.model, ids, vocab)
     proposer = llm.engine.proposers["draft"]
-    proposed = torch.zeros(vocab)
-    real = proposer.propose
 
-    def spy(ctxs, ks):
-        drafts = real(ctxs, ks)
-        for ctx, d in zip(ctxs, drafts):
-            if len(ctx.token_ids) == len(ids) + 1 and len(d):                  # drafting the second token
-                proposed[int(d.token_ids[0])] += 1
-                q = d.q_draft[0]
-                outside = torch.ones(vocab, dtype=torch.bool)
-                outside[proposer.output_ids] = False
-                outside[ctx.token_ids] = False
-                assert abs(q.sum().item() - 1) < 1e-5 and q[outside].abs().max() == 0
-        return drafts
-    proposer.propose = spy
-    n, got = 1000, torch.zeros(vocab)
-    spec = SpeculativeConfig(method="draft", num_speculative_tokens=2)
-    try:
-        for start in range(0, n, 100):
-            seqs = [llm.engine.add_request(f"s{start + i}", ids, replace(params, seed=start + i), spec)
-                    for i in range(100)]
-            while llm.engine.has_unfinished():
-                llm.engine.step()
-            for seq in seqs:
-                got[seq.output_ids[1]] += 1
-    finally:
-        del proposer.propose
+    def q_is_over_the_drafts_tokens(ctx, draft):         # the cut's tokens and the sequence's own, nothing else
+        q = draft.q_draft[0]
+        outside = torch.ones(vocab, dtype=torch.bool)
+        outside[proposer.output_ids] = False
+        outside[ctx.token_ids] = False
+        assert abs(q.sum().item() - 1) < 1e-5 and q[outside].abs().max() == 0
+
+    n = 1000
+    with second_token_proposals(proposer, len(ids), vocab, q_is_over_the_drafts_tokens) as proposed:
+        got = second_tokens(llm, ids, params, n, SpeculativeConfig(method="draft", num_speculative_tokens=2))
     tv = 0.5 * (got / n - want).abs().sum().item()
     assert tv < 0.07, tv
     assert proposed.sum() > 0.9 * n
