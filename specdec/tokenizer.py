@@ -189,7 +189,7 @@ class Tokenizer:
     def encode_text(self, text: str) -> list[int]:
         """Text as the model would write it inside an answer (a predicted output): no BOS, and control-token text
         read as the plain characters it is."""
-        return self._encode(self._plain_tok if self._control_tokens else self._tok, text)
+        return self.encode_texts([text])[0]
 
     def encode_texts(self, texts: list[str]) -> list[list[int]]:
         """encode_text for many texts in one call (tokenizers spreads a batch over its threads)."""
