@@ -91,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                          '(default: {"method": "auto"}: the policy picks none/ngram/draft and k per request)')
     sv.add_argument("--spec-heads", default=None,
                     help="learned heads loaded beside the default method, METHOD[=DIR] comma-separated (e.g. "
-                         "'eagle3,medusa': the shipped ones): requests may name them, and auto weighs them")
+                         "'eagle3,medusa=DIR'; a method alone: its shipped head): requests may name them, and auto "
+                         "weighs them. Default: the heads shipped for the target when the method is auto; "
+                         "'none' loads none")
     sv.add_argument("--suffix-cache", default=None,
                     help="suffix decoding: keep each spec_pool's past outputs in this file (read at start when it "
                          "exists, written atomically every 16 finished requests and at shutdown)")

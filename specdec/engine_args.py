@@ -33,8 +33,9 @@ class EngineArgs:
     max_model_len: int | None = None            # None: the model's context window
     num_threads: int | None = None              # CPU threads (None: all cores)
     quantization: str | None = None             # target weights: none | int8 | int4 (None: by file and device)
-    heads: dict[str, str | None] = field(default_factory=dict)   # learned heads beside the speculative method's:
-                                                # {method: directory, or None for the shipped head}
+    heads: dict[str, str | None] | None = None  # learned heads beside the speculative method's: {method: directory,
+                                                # or None for the shipped head}; None: the heads shipped for the
+                                                # target when the method is a policy (auto), else none
     head_quantization: str | None = None        # heads' linears: none | int8 | int4 (None: by kernels present)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     policy: PolicyConfig | None = None          # method auto's, per request or per server (None: the defaults, k_max
@@ -60,7 +61,7 @@ class EngineArgs:
             raise SpecDecError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.num_threads is not None and self.num_threads < 1:
             raise SpecDecError(f"num_threads must be >= 1, got {self.num_threads}")
-        unknown = [m for m in self.heads if m not in head_methods()]
+        unknown = [m for m in self.heads or () if m not in head_methods()]
         if unknown:
             raise SpecDecError(f"'{unknown[0]}' is not a learned head method ({', '.join(head_methods())})")
 
@@ -97,7 +98,7 @@ class EngineArgs:
                                          num_steps=args.num_steps, draft_vocab_size=args.draft_vocab_size)
             except ValueError as exc:
                 raise SpecDecError(str(exc)) from None
-            draft, heads, policy, scheduler = args.draft, {}, None, SchedulerConfig()
+            draft, heads, policy, scheduler = args.draft, None, None, SchedulerConfig()
         try:
             return cls(target=args.target, draft=draft, speculative=spec, dtype=args.dtype, device=args.device,
                        max_model_len=args.max_model_len, num_threads=args.threads, quantization=args.quantization,
@@ -123,9 +124,14 @@ def parse_speculative_config(text: str | None) -> SpeculativeConfig:
         raise SpecDecError(f"--speculative-config: {exc}") from None
 
 
-def parse_heads(text: str | None) -> dict[str, str | None]:
-    """--spec-heads 'eagle3,medusa=DIR' -> {method: directory or None (the shipped head)}."""
+def parse_heads(text: str | None) -> dict[str, str | None] | None:
+    """--spec-heads 'eagle3,medusa=DIR' -> {method: directory or None (the shipped head)}; 'none' -> {}; left out
+    (None) -> None: the heads shipped for the target, under method auto."""
+    if text is None:
+        return None
     out: dict[str, str | None] = {}
+    if text.strip() == "none":
+        return out
     for part in (p.strip() for p in (text or "").split(",")):
         if not part:
             continue

@@ -133,7 +133,9 @@ class LLM:
         if self._policy is None:
             cfg = cfg or self.args.policy_config
             available = available or self.policy_candidates()
-            self._policy = SpeculationPolicy(cost or self.cost_model(cfg.k_max), cfg, available)
+            # a head is weighed only for prompts within the context it was trained at
+            limits = {m: h.trained_context for m, h in self.heads.items() if h.trained_context}
+            self._policy = SpeculationPolicy(cost or self.cost_model(cfg.k_max), cfg, available, max_context=limits)
         return self._policy
 
     def policy_candidates(self) -> tuple[str, ...]:

@@ -65,6 +65,14 @@ def default_draft(arch: str) -> str | None:
     return DEFAULT_DRAFT if arch in ("qwen2", "llama") else None
 
 
+def default_heads(method: str, target_name: str) -> dict[str, str | None]:
+    """Heads loaded when none are named: under a policy (auto), the heads shipped for the target, so it weighs them
+    beside the draft model and lookup (docs/benchmarks/heads-default); else none."""
+    from .models.heads import shipped_heads
+
+    return {m: None for m in shipped_heads(target_name)} if get_method(method).kind == "policy" else {}
+
+
 def wants_draft_model(args: EngineArgs) -> bool:
     """A draft model is loaded for a method that needs one, and for the policy (it weighs the draft), unless
     `draft` is "none"."""
@@ -115,7 +123,7 @@ def load_models(args: EngineArgs) -> LoadedModels:
                 except SpecDecError as why:
                     log.warning("draft %s is not used: %s", out.draft.name, why)
                     out.draft, out.draft_cross_vocab = None, False
-    wanted = dict(args.heads)
+    wanted = dict(args.heads) if args.heads is not None else default_heads(spec.method, target.name)
     if get_method(spec.method).needs == "head":
         wanted[spec.method] = spec.model
     out.heads = {m: load_head_for(m, path, target, args.head_quantization) for m, path in wanted.items()}

@@ -29,13 +29,26 @@ def test_from_serve_flags_carries_every_engine_setting():
 
 def test_from_serve_flags_defaults():
     args = EngineArgs.from_cli_args(_serve())
-    assert args.speculative.method == "auto" and args.draft is None and args.heads == {}
+    assert args.speculative.method == "auto" and args.draft is None and args.heads is None
+    assert EngineArgs.from_cli_args(_serve("--spec-heads", "none")).heads == {}
     assert args.scheduler.itl_target_s == pytest.approx(0.8)
     assert args.enable_prefix_caching is True
     assert EngineArgs.from_cli_args(_serve("--no-enable-prefix-caching")).enable_prefix_caching is False
     # a fixed method keeps no policy of its own; the draft flag only feeds methods that use a draft
     fixed = EngineArgs.from_cli_args(_serve("--draft", "d.gguf", "--speculative-config", '{"method": "ngram"}'))
     assert fixed.policy is None and fixed.draft is None and fixed.speculative.method == "ngram"
+
+
+def test_default_heads_are_the_shipped_ones_under_a_policy():
+    """No heads named: auto gets the heads shipped for the target (the default target ships EAGLE-3 and Medusa); a
+    fixed method (hybrid's pair included) or a target with none shipped gets none."""
+    from specdec.loading import default_heads
+    from specdec.models.registry import DEFAULT_TARGET
+
+    assert default_heads("auto", DEFAULT_TARGET) == {"eagle3": None, "medusa": None}
+    assert default_heads("hybrid", DEFAULT_TARGET) == {}
+    assert default_heads("draft", DEFAULT_TARGET) == {}
+    assert default_heads("auto", "my-own-model") == {}
 
 
 def test_from_generate_flags():

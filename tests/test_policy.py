@@ -239,6 +239,30 @@ def test_a_head_is_chosen_by_its_own_step_cost():
     assert ctl.model == "eagle3" and ctl.plan(0, 0)[0] == "model" and ctl.plan(0, 0)[1] > 0
 
 
+def test_a_head_is_left_out_of_prompts_longer_than_it_was_trained_on():
+    """max_context: a head that would win on a short prompt is not weighed past the context it was trained at (the
+    next best method runs), nor explored there; a prompt with nothing left to weigh is gated."""
+    cheap_head = CostModel(draft_step=0.4, verify=CPU.verify, lookup=0.01, heads={"eagle3": [0.08, 0.05]})
+    alphas = {"draft": 0.8, "eagle3": 0.6, "ngram": 0.1}
+    methods, limits = ("ngram", "draft", "eagle3"), {"eagle3": 1024}
+    assert choose(RequestFeatures(max_tokens=256, context=1024), alphas, cheap_head, PolicyConfig(), methods,
+                  limits).method == "eagle3"
+    d = choose(RequestFeatures(max_tokens=256, context=1025), alphas, cheap_head, PolicyConfig(), methods, limits)
+    assert d.method == "draft"
+    alone = choose(RequestFeatures(max_tokens=256, context=2000), alphas, cheap_head, PolicyConfig(), ("eagle3",),
+                   limits)
+    assert alone.method == "none" and alone.gated and "trained on contexts up to 1024" in alone.reason
+    # a fresh pool explores the head on short prompts only
+    policy = SpeculationPolicy(cheap_head, PolicyConfig(), methods, max_context=limits)
+    first = policy.decide("r0", "p", RequestFeatures(max_tokens=256, context=3000))
+    assert first.method == "draft"
+    policy.record("p", first, 0.0, _Stats(drafted=40, accepted=32, steps=10))
+    long = policy.decide("r1", "p", RequestFeatures(max_tokens=256, context=3000))
+    assert long.method == "draft" and "exploring" not in long.reason
+    short = policy.decide("r2", "p", RequestFeatures(max_tokens=256, context=300))
+    assert short.method == "eagle3" and "exploring" in short.reason
+
+
 def test_a_head_is_timed_after_a_target_step_as_in_the_engine(tiny_dirs, monkeypatch):
     """The cost model times each of a head's proposals right after a target forward (the engine's order, which
     evicts the head's weights from the caches), never back to back; the forward itself is not timed."""
@@ -287,7 +311,7 @@ def test_auto_runs_a_learned_head_with_parity(tiny_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     probe = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
     save_head(_eagle3(probe.target.model), "eagle3", tmp_path / "e3",
-              {"specdec_target_fingerprint": target_fingerprint(probe.target.model)})
+              {"specdec_target_fingerprint": target_fingerprint(probe.target.model), "specdec_trained_context": 512})
     llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
               progress=False, speculative=SpeculativeConfig(method="auto"), heads={"eagle3": str(tmp_path / "e3")})
     measured = llm.cost_model(4)
@@ -296,6 +320,7 @@ def test_auto_runs_a_learned_head_with_parity(tiny_dirs, tmp_path, monkeypatch):
     cost = CostModel(draft_step=1.0, verify=[1.0] * 9, heads={"eagle3": [0.05, 0.05]})
     llm.policy(PolicyConfig(prior_alpha={"eagle3": 0.7, "ngram": 0.0}, min_acceptance=0.0), cost,
                available=("ngram", "eagle3"))      # a random head: the pool must not fall back mid-test
+    assert llm.heads["eagle3"].trained_context == 512 and llm.policy().max_context == {"eagle3": 512}
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     ids = llm.encode("def add(a, b):")
     plain = llm.generate(ids, params, spec="none")[0].token_ids

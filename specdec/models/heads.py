@@ -37,9 +37,16 @@ class LoadedHead:
     module: nn.Module                  # Eagle3Head | EagleHead | MedusaHeads
     source: Path
     quantization: str = "none"         # its linears as run: none (runtime dtype) | int8 | int4 blocks (pack_head)
+    trained_context: int | None = None  # the longest context its training saw, where its config says (a head that
+                                        # attends over its own past, EAGLE's, is off its training past it)
 
 
 SHIPPED = Path(__file__).resolve().parent.parent / "heads"      # specdec/heads/<target>/<method>/
+
+
+def shipped_heads(target_name: str) -> list[str]:
+    """The learned-head methods shipped with specdec for a target (none for a target of the user's own)."""
+    return [m for m, d in METHOD_TABLE.items() if d.needs == "head" and (SHIPPED / target_name / m / "config.json").is_file()]
 
 
 def shipped_head(method: str, target_name: str) -> Path:
@@ -241,7 +248,9 @@ def load_head(path: str | Path, target, dtype: torch.dtype, device: torch.device
     for p in module.parameters():
         p.data = p.data.to(dtype)
     module.requires_grad_(False)
-    return LoadedHead(method, module.eval(), path)
+    trained = cfg.get("specdec_trained_context")
+    return LoadedHead(method, module.eval(), path,
+                      trained_context=int(trained) if isinstance(trained, int) and trained > 0 else None)
 
 
 def _unblockable_linears(module: nn.Module) -> list[str]:

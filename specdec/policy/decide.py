@@ -101,9 +101,10 @@ def effective_alpha(mean_accepted_length: float, k: int) -> float:
 
 
 def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: CostModel, cfg: PolicyConfig,
-           available: tuple[str, ...] | None = None) -> Decision:
+           available: tuple[str, ...] | None = None, max_context: dict[str, int] | None = None) -> Decision:
     """Pick a method (or plain decoding) and k to maximise the expected speedup S(α, k); `available`: the
-    methods to weigh (default_candidates()).
+    methods to weigh (default_candidates()); `max_context`: the longest prompt a method is weighed for (a learned
+    head past the context it was trained at).
 
     >>> cm = CostModel(draft_step=0.4, verify=[1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16])
     >>> d = choose(RequestFeatures(max_tokens=256), {"draft": 0.9, "ngram": 0.1}, cm, PolicyConfig())
@@ -121,6 +122,10 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
     cands: dict[str, Decision] = {}
     skipped: list[str] = []
     for method in available:
+        limit = (max_context or {}).get(method)
+        if limit is not None and features.context > limit:
+            skipped.append(f"{method} was trained on contexts up to {limit} tokens, the prompt has {features.context}")
+            continue
         alpha = alphas.get(method)
         observed = alpha is not None
         if alpha is None:

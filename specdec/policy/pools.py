@@ -146,10 +146,11 @@ class SpeculationPolicy:
 
     def __init__(self, cost: CostModel, cfg: PolicyConfig | None = None,
                  available: tuple[str, ...] | None = None,
-                 on_pool_change=None):
+                 on_pool_change=None, max_context: dict[str, int] | None = None):
         self.cost = cost
         self.cfg = cfg or PolicyConfig()
         self.available = available or default_candidates()
+        self.max_context = dict(max_context or {})     # method -> the longest prompt it is weighed for
         self.pools: dict[str, Pool] = {}
         self._lock = threading.Lock()
         self._on_pool_change = on_pool_change or (lambda name, enabled: None)
@@ -173,7 +174,7 @@ class SpeculationPolicy:
         pool.requests += 1
         bucket = temperature_bucket(features.temperature)
         alphas = {m: pool.estimate(m, bucket) for m in self.available}
-        d = choose(features, alphas, self.cost, self.cfg, self.available)
+        d = choose(features, alphas, self.cost, self.cfg, self.available, self.max_context)
         if d.gated:
             return d
         if pool.enabled and d.method == PLAIN:
@@ -188,7 +189,7 @@ class SpeculationPolicy:
                           if m != lookup_method() and pool.count(m) < self.cfg.explore_requests]
             if unexplored and d.method not in unexplored:
                 m = unexplored[0]
-                e = choose(features, {m: None}, self.cost, self.cfg, (m,))
+                e = choose(features, {m: None}, self.cost, self.cfg, (m,), self.max_context)
                 if e.gated:
                     return d                 # the draft cannot pay for reading this prompt: nothing to learn here
                 k = e.k or 1
@@ -198,7 +199,7 @@ class SpeculationPolicy:
             return d
         if unit_hash(request_id, "probe") < self.cfg.probe_fraction:
             # a probe asks whether speculation pays again: judge it from the priors, not the stale window
-            d = choose(features, {}, self.cost, self.cfg, self.available)
+            d = choose(features, {}, self.cost, self.cfg, self.available, self.max_context)
             if d.method != PLAIN:
                 d.probe = True
                 d.reason = f"probe of disabled pool '{pool_name}': {d.reason}"
