@@ -37,8 +37,8 @@ class LoadedHead:
     module: nn.Module                  # Eagle3Head | EagleHead | MedusaHeads
     source: Path
     quantization: str = "none"         # its linears as run: none (runtime dtype) | int8 | int4 blocks (pack_head)
-    trained_context: int | None = None  # the longest context its training saw, where its config says (a head that
-                                        # attends over its own past, EAGLE's, is off its training past it)
+    trained_context: int | None = None  # the longest context its training saw, where its config says (auto does
+                                        # not weigh it for longer prompts: docs/benchmarks/heads-default)
 
 
 SHIPPED = Path(__file__).resolve().parent.parent / "heads"      # specdec/heads/<target>/<method>/

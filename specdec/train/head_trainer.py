@@ -391,11 +391,10 @@ class HeadTrainer:
                                 for j in range(len(tail[-1]["agree"]))] if tail else [],
                 "device": str(self.device), "threads": torch.get_num_threads(),
                 "autocast": "bf16" if isinstance(autocast, torch.autocast) else "fp32", "config": asdict(c)}
-        extra = {"specdec_target_fingerprint": target_fingerprint(self.model)}
-        if method != MEDUSA.name:
-            # an EAGLE head attends over its own past: past the longest context its features were computed at, it is
-            # off its training, and auto leaves it out of longer prompts (Medusa reads only the newest state)
-            extra["specdec_trained_context"] = c.doc_len
+        # the longest context its features were computed at: past it a head is off its training (an EAGLE head's
+        # attention never saw such positions, and the target's states there come from text it was not trained on),
+        # and auto leaves it out of longer prompts
+        extra = {"specdec_target_fingerprint": target_fingerprint(self.model), "specdec_trained_context": c.doc_len}
         save_head(head, method, out, extra, int8=c.int8)
         write_json_atomic(os.path.join(out, "training.json"), {**info, "history": history})
         if os.path.isfile(ckpt):
