@@ -19,6 +19,14 @@ def cmd_models(args) -> int:
         print(f"{m.name:32s} {state:14s} parts {installed}/{m.num_parts}  {m.description}")
         if is_assembled(m):
             print(f"{'':32s} {assembled_path(m)}")
+    from .models.families import FAMILIES, REFUSED
+
+    print("\nany local GGUF file or HF directory of these families (--target / --draft PATH):")
+    for f in FAMILIES:
+        print(f"  {f.name:18s} model_type {', '.join(f.model_types)}; GGUF {', '.join(f.gguf_archs)}")
+        print(f"  {'':18s} RoPE: {f.rope}")
+        print(f"  {'':18s} {f.notes}")
+    print(f"refused at load: {REFUSED}")
     return 0
 
 

@@ -1,15 +1,22 @@
-"""ModelConfig: the shape of a decoder of a supported family (Qwen2, Llama, Gemma 3), read from GGUF metadata or
-config.json."""
+"""ModelConfig: the shape of a decoder of a supported family (Qwen2, Qwen3, Llama, Mistral, Gemma 3), read from
+GGUF metadata or config.json.
+
+Every field of a config that changes the arithmetic is read here or refused with a ValueError naming it: a model
+computed without its RoPE scaling, a bias or a window gives fluent, wrong text, so nothing is ignored in silence.
+"""
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from .families import HF_MODEL_TYPES
+from .rope import check_rope_scaling
+
 
 @dataclass
 class ModelConfig:
-    arch: str                    # "qwen2", "llama" or "gemma3"
+    arch: str                    # "qwen2", "qwen3", "llama" (Mistral too) or "gemma3"
     vocab_size: int              # rows of the embedding / output head
     hidden_size: int
     intermediate_size: int       # SwiGLU inner width
@@ -24,9 +31,12 @@ class ModelConfig:
     tie_word_embeddings: bool    # output head shares the embedding matrix
     # Gemma 3 (defaults: every layer global, one RoPE base, SwiGLU, scale head_dim^-0.5)
     sliding_window: int | None = None       # keys a local layer attends: a row at position p sees p-W+1 .. p
-    sliding_window_pattern: int = 1         # every Nth layer is global (Gemma 3: 6), the others local
+    sliding_window_pattern: int = 1         # every Nth layer is global (Gemma 3: 6), the others local; 0: none is
+                                            # (Mistral: every layer attends over the window)
     rope_local_theta: float | None = None   # local layers' RoPE base (Gemma 3: 10,000; global ones: rope_theta)
     query_pre_attn_scalar: float | None = None   # attention scale query_pre_attn_scalar^-0.5 (None: head_dim)
+    rope_scaling: dict | None = None        # rope.check_rope_scaling's dict (llama3, linear, yarn, freq_factors)
+    qk_norm: bool = False                   # Qwen3: RMSNorm over each q and k head before RoPE
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -34,7 +44,8 @@ class ModelConfig:
 
     def is_sliding(self, layer: int) -> bool:
         """Whether layer `layer` attends over a sliding window (0-based; Gemma 3: all but 5, 11, 17, ...)."""
-        return self.sliding_window is not None and (layer + 1) % self.sliding_window_pattern != 0
+        return self.sliding_window is not None and (self.sliding_window_pattern == 0
+                                                    or (layer + 1) % self.sliding_window_pattern != 0)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -47,34 +58,38 @@ class ModelConfig:
     @classmethod
     def from_json_file(cls, path: Path) -> ModelConfig:
         data = json.loads(Path(path).read_text())
+        if data.get("arch") == "llama" and "rope_scaling" not in data:
+            # written before RoPE scaling was read: a Llama 3 entry would run without it (the loader converts again)
+            raise ValueError("a Llama entry converted before RoPE scaling was read")
         # fields added later have defaults: an entry written before them reads as the model it was
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> ModelConfig:
         arch = cfg.get("model_type", "llama")
-        if arch == "gemma3" and "text_config" in cfg:   # the multimodal wrapper: its language model
-            cfg = {**cfg["text_config"], "model_type": "gemma3_text"}
+        if arch == "gemma3":                            # the multimodal wrapper: its language model
+            cfg = {**cfg.get("text_config", cfg), "model_type": "gemma3_text"}
             arch = "gemma3_text"
-        if arch not in ("qwen2", "llama", "gemma3_text"):
-            raise ValueError(f"unsupported model_type '{arch}' (supported: qwen2, llama, gemma3_text)")
+        if arch not in HF_MODEL_TYPES:
+            raise ValueError(f"unsupported model_type '{arch}' (supported: {', '.join(HF_MODEL_TYPES)})")
         num_heads = cfg["num_attention_heads"]
         gemma = arch == "gemma3_text"
         if gemma:
             arch = "gemma3"
             if cfg.get("final_logit_softcapping") or cfg.get("attn_logit_softcapping"):
                 raise ValueError("Gemma 3 with logit soft-capping is not supported")
-        extra = _gemma3_fields(cfg) if gemma else {}
-        rope_theta = extra.pop("rope_theta") if gemma else float(
-            cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)))
+        else:
+            _refuse_unread(cfg, arch)
+        extra = _gemma3_fields(cfg) if gemma else _decoder_fields(cfg, arch)
+        rope_theta = extra.pop("rope_theta")
         return cls(
-            arch=arch,
+            arch={"mistral": "llama"}.get(arch, arch),
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
             num_layers=cfg["num_hidden_layers"],
             num_heads=num_heads,
-            num_kv_heads=cfg.get("num_key_value_heads", num_heads),
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
             rope_theta=rope_theta,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
@@ -83,6 +98,43 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
             **extra,
         )
+
+
+def _refuse_unread(cfg: dict, arch: str) -> None:
+    """The fields of a Qwen2/Qwen3/Llama/Mistral config that change the arithmetic and that specdec does not
+    compute: a ValueError naming the first one present."""
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act '{cfg['hidden_act']}' is not supported (SwiGLU with silu only)")
+    if cfg.get("mlp_bias"):
+        raise ValueError("mlp_bias is not supported")
+    if arch in ("llama", "mistral", "qwen3") and cfg.get("attention_bias"):
+        # Llama's attention_bias puts a bias on o_proj too; Qwen2's q/k/v biases are the only ones computed
+        raise ValueError(f"attention_bias on a {arch} model is not supported")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping", "logits_scaling", "embedding_multiplier",
+                "residual_multiplier", "attention_multiplier", "pretraining_tp"):
+        if cfg.get(key) not in (None, 0, 1, 1.0):
+            raise ValueError(f"{key} {cfg[key]} is not supported")
+    # Qwen's window (use_sliding_window, on the layers past max_window_layers) is not computed; Mistral's is
+    # (_decoder_fields)
+    if arch != "mistral" and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
+        raise ValueError(f"sliding_window {cfg['sliding_window']} on a {arch} model is not supported")
+    types = set(cfg.get("layer_types") or ()) - {"full_attention", *(("sliding_attention",) if arch == "mistral" else ())}
+    if types:
+        raise ValueError(f"layer_types {sorted(types)} on a {arch} model are not supported")
+
+
+def _decoder_fields(cfg: dict, arch: str) -> dict:
+    """RoPE base and scaling (transformers 4's rope_theta / rope_scaling, or 5's rope_parameters) and Qwen3's q/k
+    norms of a Qwen2/Qwen3/Llama/Mistral config."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    theta = float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    positions = cfg.get("max_position_embeddings", 4096)
+    out = dict(rope_theta=theta, rope_scaling=check_rope_scaling(params, positions), qk_norm=arch == "qwen3")
+    window = cfg.get("sliding_window")
+    if arch == "mistral" and window and window < positions:
+        # every layer attends over the last `window` positions (a window as long as the positions drops nothing)
+        out.update(sliding_window=int(window), sliding_window_pattern=0)
+    return out
 
 
 def _gemma3_fields(cfg: dict) -> dict:

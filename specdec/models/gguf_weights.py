@@ -8,8 +8,9 @@ import numpy as np
 from ..errors import SpecDecError
 from ..gguf_file import field
 from .config import ModelConfig
+from .families import GGUF_ARCHS
 
-SUPPORTED_ARCHS = ("qwen2", "llama", "gemma3")
+SUPPORTED_ARCHS = GGUF_ARCHS
 
 # GGUF block names -> Hugging Face names (per layer: blk.N.<key>).
 _LAYER_NAMES = {
@@ -32,6 +33,11 @@ _GEMMA3_LAYER_NAMES = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+_QWEN3_LAYER_NAMES = {
+    **_LAYER_NAMES,
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
@@ -65,8 +71,39 @@ def gguf_config(reader) -> ModelConfig:
         max_position_embeddings=int(field(reader, f"{arch}.context_length", 4096)),
         attention_bias="blk.0.attn_q.bias" in names,
         tie_word_embeddings="output.weight" not in names,
-        **(_gemma3_extra(reader, hidden, num_heads) if arch == "gemma3" else {}),
+        **(_gemma3_extra(reader, hidden, num_heads) if arch == "gemma3" else _decoder_extra(reader, arch, names)),
     )
+
+
+def _decoder_extra(reader, arch: str, names: set[str]) -> dict:
+    """RoPE scaling and Qwen3's q/k norms of a qwen2/qwen3/llama file, and a refusal (one line) for what llama.cpp's
+    header can say that specdec does not compute: a partial rotary dimension, a sliding window, YaRN.
+
+    A Llama 3.x file carries its `llama3` scaling as the `rope_freqs` tensor (llama.cpp's converter computes the
+    per-dimension divisors from the config's factors); `rope.scaling.type` linear carries a factor."""
+    head_dim = int(field(reader, f"{arch}.attention.key_length",
+                         int(field(reader, f"{arch}.embedding_length")) // int(field(reader, f"{arch}.attention.head_count"))))
+    rot = field(reader, f"{arch}.rope.dimension_count")
+    if rot is not None and int(rot) != head_dim:
+        raise SpecDecError(f"GGUF {arch}.rope.dimension_count {rot} (RoPE over part of a {head_dim}-wide head) is not "
+                           "supported")
+    window = field(reader, f"{arch}.attention.sliding_window")
+    if window:
+        raise SpecDecError(f"GGUF {arch}.attention.sliding_window {window} is not supported")
+    kind = field(reader, f"{arch}.rope.scaling.type")
+    scaling = None
+    if kind == "linear":
+        scaling = {"rope_type": "linear", "factor": float(field(reader, f"{arch}.rope.scaling.factor"))}
+    elif kind not in (None, "none"):
+        raise SpecDecError(f"GGUF {arch}.rope.scaling.type '{kind}' is not supported (supported: none, linear)")
+    if "rope_freqs.weight" in names:
+        if scaling is not None:
+            raise SpecDecError("GGUF rope_freqs beside a rope.scaling.type is not supported")
+        factors = dequantize(next(t for t in reader.tensors if t.name == "rope_freqs.weight")).reshape(-1)
+        if factors.shape[0] != head_dim // 2:
+            raise SpecDecError(f"GGUF rope_freqs has {factors.shape[0]} factors, the head {head_dim // 2} frequencies")
+        scaling = {"rope_type": "freq_factors", "factors": [float(x) for x in factors]}
+    return dict(rope_scaling=scaling, qk_norm=arch == "qwen3")
 
 
 def _gemma3_extra(reader, hidden: int, num_heads: int) -> dict:
@@ -112,22 +149,28 @@ def dequantize(tensor) -> np.ndarray:
 
 def iter_hf_tensors(reader, cfg: ModelConfig) -> Iterator[tuple[str, object]]:
     """Yield (hf_name, lazy tensor handle) for every tensor we use; callers dequantize."""
-    names = _GEMMA3_LAYER_NAMES if cfg.arch == "gemma3" else _LAYER_NAMES
+    names = {"gemma3": _GEMMA3_LAYER_NAMES, "qwen3": _QWEN3_LAYER_NAMES}.get(cfg.arch, _LAYER_NAMES)
     for t in reader.tensors:
         if t.name in _GLOBAL_NAMES:
             yield _GLOBAL_NAMES[t.name], t
             continue
         parts = t.name.split(".", 2)
-        if parts[0] == "blk" and parts[2] in names:
+        if len(parts) == 3 and parts[0] == "blk" and parts[2] in names:
             yield f"model.layers.{parts[1]}.{names[parts[2]]}", t
-        # other tensors (e.g. rope_freqs) are not used by this family's forward
+        elif t.name != "rope_freqs.weight":        # read into the config (gguf_config)
+            # a tensor this family's forward would not read changes the arithmetic: refused, never dropped
+            raise SpecDecError(f"GGUF tensor '{t.name}' is not computed by specdec's {cfg.arch} forward")
+
+
+def llama_row_order(name: str, rows: int, cfg: ModelConfig) -> np.ndarray | None:
+    """For a llama-arch file's Q or K weight or bias: the file's row of each HF row (None: rows already in HF's
+    order)."""
+    if cfg.arch != "llama" or not name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
+        return None
+    return _unpermute_llama(np.arange(rows), cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads)
 
 
 def dequantize_hf(name: str, tensor, cfg: ModelConfig) -> np.ndarray:
     w = dequantize(tensor)
-    if cfg.arch == "llama":
-        if name.endswith("q_proj.weight"):
-            w = _unpermute_llama(w, cfg.num_heads)
-        elif name.endswith("k_proj.weight"):
-            w = _unpermute_llama(w, cfg.num_kv_heads)
-    return w
+    order = llama_row_order(name, w.shape[0], cfg)
+    return w if order is None else w[order]

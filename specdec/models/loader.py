@@ -179,9 +179,14 @@ def build_model(cfg: ModelConfig) -> Transformer:
     return Gemma3Transformer(cfg) if cfg.arch == "gemma3" else Transformer(cfg)
 
 
-# Gemma 3's norms besides the two every family has (HF names under model.layers.N.).
-_GEMMA3_NORMS = ("pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight", "self_attn.q_norm.weight",
-                 "self_attn.k_norm.weight")
+# Gemma 3's norms besides the two every family has (HF names under model.layers.N.); Qwen3 has the q/k ones.
+_QK_NORMS = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
+_GEMMA3_NORMS = ("pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight", *_QK_NORMS)
+
+
+def _layer_norms(cfg: ModelConfig) -> tuple[str, ...]:
+    return ("input_layernorm.weight", "post_attention_layernorm.weight",
+            *(_GEMMA3_NORMS if cfg.arch == "gemma3" else _QK_NORMS if cfg.qk_norm else ()))
 
 
 # -- conversion: HF-named float32 tensors -> our fused, runtime-dtype state dict -----------------------
@@ -212,8 +217,7 @@ def _fuse(hf: dict, cfg: ModelConfig, dtype: torch.dtype, norm_offset: float = 0
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         q = f"layers.{i}."
-        for n in ("input_layernorm.weight", "post_attention_layernorm.weight",
-                  *(_GEMMA3_NORMS if cfg.arch == "gemma3" else ())):
+        for n in _layer_norms(cfg):
             out[q + n] = norm(p + n)
         out[q + "self_attn.qkv_proj.weight"] = cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
         if cfg.attention_bias:
@@ -222,6 +226,12 @@ def _fuse(hf: dict, cfg: ModelConfig, dtype: torch.dtype, norm_offset: float = 0
         out[q + "self_attn.o_proj.weight"] = cast(take(p + "self_attn.o_proj.weight"))
         out[q + "mlp.gate_up_proj.weight"] = cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
         out[q + "mlp.down_proj.weight"] = cast(take(p + "mlp.down_proj.weight"))
+    # a tensor the forward would not read (an o_proj or MLP bias, a norm of another family) changes the model's
+    # arithmetic: refused, never dropped (rotary_emb.inv_freq buffers of older checkpoints are derived, not weights)
+    left = sorted(n for n in hf if not n.endswith("rotary_emb.inv_freq"))
+    if left:
+        raise SpecDecError(f"weights hold tensor '{left[0]}', which specdec's {cfg.arch} forward does not compute"
+                           + (f" (and {len(left) - 1} more)" if len(left) > 1 else ""))
     return out
 
 
@@ -229,7 +239,8 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = F
     from tqdm import tqdm
 
     from ..gguf_file import open_gguf
-    from .gguf_weights import dequantize_hf, gguf_config, iter_hf_tensors
+    from .gguf_weights import dequantize_hf, gguf_config, iter_hf_tensors, llama_row_order
+    from .quantization.blocks import take_rows
     from .quantization.gguf_blocks import codes_for_int4
 
     reader = open_gguf(path)
@@ -239,10 +250,11 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = F
     def work(item):
         name, tensor = item
         if int4 and (name.endswith("proj.weight") or name == "lm_head.weight"):
-            if cfg.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-                raise SpecDecError("int4 from GGUF blocks: llama-arch Q/K rows are permuted; not supported yet")
-            # the GGUF's blocks, kept without loss where the type allows (int4_exact), else 4-bit everywhere
-            return name, codes_for_int4(tensor, exact=int4_exact)
+            # the GGUF's blocks, kept without loss where the type allows (int4_exact), else 4-bit everywhere; a
+            # llama-arch file's Q/K rows back in HF's order (whole rows move, so the blocks stay as they are)
+            codes = codes_for_int4(tensor, exact=int4_exact)
+            order = llama_row_order(name, codes.shape[0], cfg)
+            return name, codes if order is None else take_rows(codes, order)
         # dequantize to fp32, then straight to the runtime dtype to halve peak memory in bf16
         arr = np.ascontiguousarray(dequantize_hf(name, tensor, cfg))
         return name, torch.from_numpy(arr if arr.flags.writeable else arr.copy())
@@ -266,7 +278,10 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = F
 def _convert_hf_dir(path: Path, dtype: torch.dtype):
     from safetensors.torch import load_file
 
-    cfg = ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    try:
+        cfg = ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    except ValueError as exc:                 # what the config asks for that specdec does not compute
+        raise SpecDecError(f"{path}: {exc}") from None
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise SpecDecError(f"{path}: no *.safetensors weight files")

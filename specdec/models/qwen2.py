@@ -1,4 +1,5 @@
-"""The Qwen2/Llama decoder family: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP.
+"""The Qwen2/Qwen3/Llama decoder family: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP (Qwen3: an RMSNorm over
+each q and k head before RoPE).
 
 The model knows nothing about requests, drafts or sampling: `forward(input_ids, positions, attn)` takes the new
 tokens of every sequence in a step as one flat batch (a prefill chunk, a plain step, k+1 verification rows) with the
@@ -16,6 +17,7 @@ from . import cpu_ops
 from .attn_metadata import AttnMetadata
 from .config import ModelConfig
 from .kv_cache import SeqKV
+from .rope import rope_frequencies
 
 
 class RMSNorm(nn.Module):
@@ -33,13 +35,13 @@ class RMSNorm(nn.Module):
 def rope_tables(cfg: ModelConfig, max_positions: int, device=None,
                 theta: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables  # [max_positions, head_dim], fp32 (NeoX/HF half-split layout); base `theta` (default: the
-    config's rope_theta)."""
-    even = torch.arange(0, cfg.head_dim, 2, dtype=torch.float64, device=device)
-    inv_freq = 1.0 / ((theta or cfg.rope_theta) ** (even / cfg.head_dim))
+    config's rope_theta, with the config's scaling; another base, a Gemma local layer's, is never scaled)."""
+    inv_freq, magnitude = rope_frequencies(cfg.head_dim, theta or cfg.rope_theta,
+                                           cfg.rope_scaling if theta is None else None)
     t = torch.arange(max_positions, dtype=torch.float64, device=device)
-    freqs = torch.outer(t, inv_freq)
+    freqs = torch.outer(t, inv_freq.to(device))
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().float(), emb.sin().float()
+    return (emb.cos() * magnitude).float(), (emb.sin() * magnitude).float()
 
 
 class RopeCache:
@@ -63,12 +65,31 @@ class Attention(nn.Module):
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.q_size, self.kv_size = q_size, kv_size
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+        self.window = cfg.sliding_window if cfg.is_sliding(layer_idx) else None   # Mistral's; None: every key
 
     def forward(self, x: torch.Tensor, positions, cos, sin, attn: AttnMetadata) -> torch.Tensor:
         # x: [N, hidden], the rows of every sequence in the step; cos/sin: [P, D] tables indexed by positions [N]
-        q, k, v = cpu_ops.rope_qkv(self.qkv_proj(x), positions, cos, sin, self.num_heads, self.num_kv_heads,
+        qkv = self.qkv_proj(x)
+        if self.qk_norm:
+            qkv = self.norm_qk(qkv)
+        q, k, v = cpu_ops.rope_qkv(qkv, positions, cos, sin, self.num_heads, self.num_kv_heads,
                                    self.head_dim)                               # [N, Hq, D], [N, Hkv, D] x 2
-        return self.o_proj(cpu_ops.ragged_attention(q, k, v, attn, self.layer_idx))   # [N, Hq*D] -> [N, hidden]
+        out = cpu_ops.ragged_attention(q, k, v, attn, self.layer_idx, window=self.window, positions=positions)
+        return self.o_proj(out)                                                 # [N, Hq*D] -> [N, hidden]
+
+
+    def norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
+        """[N, (Hq + 2 Hkv) D] with each q and k head RMS-normalised (Qwen3, Gemma 3); v as it was."""
+        n = qkv.shape[0]
+        q = self.q_norm(qkv[:, : self.q_size].reshape(n * self.num_heads, self.head_dim))[0]
+        k = self.k_norm(qkv[:, self.q_size: self.q_size + self.kv_size].reshape(n * self.num_kv_heads,
+                                                                                 self.head_dim))[0]
+        return torch.cat([q.view(n, -1), k.view(n, -1), qkv[:, self.q_size + self.kv_size:]], dim=1)
 
 
 class MLP(nn.Module):

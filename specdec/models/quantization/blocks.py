@@ -118,6 +118,12 @@ def widen(c: BlockCodes, bits: int, group: int, span: int) -> BlockCodes:
                       d.contiguous(), dmin.contiguous(), bits, group, span // group).check()
 
 
+def take_rows(c: BlockCodes, index) -> BlockCodes:
+    """Rows `index` of the codes, in that order (a block never spans rows, so any row order is exact)."""
+    index = torch.as_tensor(index, dtype=torch.long)
+    return replace(c, q=c.q[index], sc=c.sc[index], mn=c.mn[index], d=c.d[index], dmin=c.dmin[index]).check()
+
+
 def concat(parts: list[BlockCodes]) -> BlockCodes:
     """Stack along N (fused qkv / gate_up), widening to a common format where the parts differ."""
     if len({(p.bits, p.group, p.sb) for p in parts}) > 1:
