@@ -21,8 +21,14 @@ BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_atte
 def make_family(directory: Path, family: str, seed: int = 0, **overrides):
     """(directory, the transformers model) of a random-init `family` model: llama (Llama 3.2-shaped, GQA, llama3
     RoPE scaling unless overridden), qwen3 (q/k norms, a head_dim other than hidden / heads), mistral."""
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     directory.mkdir(parents=True, exist_ok=True)
     vocab = make_tokenizer(directory)

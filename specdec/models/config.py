@@ -118,7 +118,8 @@ def _refuse_unread(cfg: dict, arch: str) -> None:
     # (_decoder_fields)
     if arch != "mistral" and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
         raise ValueError(f"sliding_window {cfg['sliding_window']} on a {arch} model is not supported")
-    types = set(cfg.get("layer_types") or ()) - {"full_attention", *(("sliding_attention",) if arch == "mistral" else ())}
+    allowed = {"full_attention", "sliding_attention"} if arch == "mistral" else {"full_attention"}
+    types = set(cfg.get("layer_types") or ()) - allowed
     if types:
         raise ValueError(f"layer_types {sorted(types)} on a {arch} model are not supported")
 

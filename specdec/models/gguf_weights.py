@@ -81,8 +81,8 @@ def _decoder_extra(reader, arch: str, names: set[str]) -> dict:
 
     A Llama 3.x file carries its `llama3` scaling as the `rope_freqs` tensor (llama.cpp's converter computes the
     per-dimension divisors from the config's factors); `rope.scaling.type` linear carries a factor."""
-    head_dim = int(field(reader, f"{arch}.attention.key_length",
-                         int(field(reader, f"{arch}.embedding_length")) // int(field(reader, f"{arch}.attention.head_count"))))
+    width = int(field(reader, f"{arch}.embedding_length")) // int(field(reader, f"{arch}.attention.head_count"))
+    head_dim = int(field(reader, f"{arch}.attention.key_length", width))
     rot = field(reader, f"{arch}.rope.dimension_count")
     if rot is not None and int(rot) != head_dim:
         raise SpecDecError(f"GGUF {arch}.rope.dimension_count {rot} (RoPE over part of a {head_dim}-wide head) is not "

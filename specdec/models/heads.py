@@ -46,7 +46,8 @@ SHIPPED = Path(__file__).resolve().parent.parent / "heads"      # specdec/heads/
 
 def shipped_heads(target_name: str) -> list[str]:
     """The learned-head methods shipped with specdec for a target (none for a target of the user's own)."""
-    return [m for m, d in METHOD_TABLE.items() if d.needs == "head" and (SHIPPED / target_name / m / "config.json").is_file()]
+    return [m for m, d in METHOD_TABLE.items()
+            if d.needs == "head" and (SHIPPED / target_name / m / "config.json").is_file()]
 
 
 def shipped_head(method: str, target_name: str) -> Path:

@@ -26,18 +26,20 @@ print('median decode tok/s, and over specdec-off')
 print(f"{'category':16s}" + ''.join(f'{e:>26s}' for e in ['llama-server', 'specdec-off', *specs]))
 for cat in cats + [None]:
     o = med('specdec-off', cat)
-    cells = [f"{med('llama-server', cat):26.2f}", f'{o:26.2f}'] + [f'{med(e, cat):19.2f} {med(e, cat) / o:5.2f}x' for e in specs]
+    cells = [f"{med('llama-server', cat):26.2f}", f'{o:26.2f}']
+    cells += [f'{med(e, cat):19.2f} {med(e, cat) / o:5.2f}x' for e in specs]
     print(f"{cat or 'all':16s}" + ''.join(cells))
 for rnd in sorted({r['round'] for r in off.values()}):
     o = med('specdec-off', rnd=rnd)
-    print(f'round {rnd}: ' + ', '.join(f'{e} {med(e, rnd=rnd) / o:.2f}x over off, {med(e, rnd=rnd) / med("llama-server", rnd=rnd):.2f}x over llama'
+    print(f'round {rnd}: ' + ', '.join(f'{e} {med(e, rnd=rnd) / o:.2f}x over off, '
+                                      f'{med(e, rnd=rnd) / med("llama-server", rnd=rnd):.2f}x over llama'
                                       for e in specs))
 long = sorted(i for i, r in off.items() if r['prompt_tokens'] > 1000)
 for e in specs:
     ratios = [by[e][i]['ttft_s'] / off[i]['ttft_s'] for i in long]
     same = sum(by[e][i]['text'] == off[i]['text'] for i in off)
     methods = {}
-    for i, r in sorted(by[e].items()):
+    for _, r in sorted(by[e].items()):
         m = (r.get('speculative') or {}).get('method')
         methods.setdefault(m, []).append(r['category'])
     print(f'{e}: {len(long)} prompts over 1k tokens, TTFT over off median {statistics.median(ratios):.3f} '
