@@ -251,6 +251,8 @@ def test_a_head_is_left_out_of_prompts_longer_than_it_was_trained_on():
     assert d.method == "draft"
     alone = choose(RequestFeatures(max_tokens=256, context=2000), alphas, cheap_head, PolicyConfig(), ("eagle3",),
                    limits)
+    # a head the cost model has no price for (a cost model given by hand) is not weighed, never a crash
+    assert choose(RequestFeatures(max_tokens=256), alphas, CPU, PolicyConfig(), methods).method == "draft"
     assert alone.method == "none" and alone.gated and "trained on contexts up to 1024" in alone.reason
     # a fresh pool explores the head on short prompts only
     policy = SpeculationPolicy(cheap_head, PolicyConfig(), methods, max_context=limits)

@@ -168,6 +168,12 @@ def prefill_pays(cost: CostModel, context: int, max_tokens: int, speedup: float)
     return saved > context * cost.draft_prefill_s
 
 
+def prices(method: str, cost: CostModel) -> bool:
+    """Whether the cost model has a price for the method's proposals (a head's is measured per head)."""
+    m = METHOD_TABLE.get(method)
+    return m is not None and (m.kind != "head" or method in cost.heads)
+
+
 def proposal_cost(method: str, k: int, cost: CostModel) -> float:
     """Time spent proposing k tokens, in target-step units: k draft steps, one lookup (prompt or suffix), or a
     head's steps."""

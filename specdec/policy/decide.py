@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..config import K_MAX, K_MIN, METHOD_TABLE, PLAIN, draft_model_method, get_method, lookup_method
-from .cost_model import CostModel, StepBudget, best_k, expected_tokens, prefill_pays
+from .cost_model import CostModel, StepBudget, best_k, expected_tokens, prefill_pays, prices
 
 # StepController's two sources of a step's draft: its model proposer (k draft steps) or prompt lookup's guess
 MODEL, LOOKUP = "model", "lookup"
@@ -123,6 +123,9 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
     skipped: list[str] = []
     for method in available:
         limit = (max_context or {}).get(method)
+        if not prices(method, cost):        # a cost model given by hand, or measured before the head was loaded
+            skipped.append(f"no measured cost for {method}")
+            continue
         if limit is not None and features.context > limit:
             skipped.append(f"{method} was trained on contexts up to {limit} tokens, the prompt has {features.context}")
             continue
