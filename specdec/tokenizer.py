@@ -181,10 +181,11 @@ class Tokenizer:
         """Every token's text -> id, added tokens included (two tokenizers agree exactly when these are equal)."""
         return self._tok.get_vocab(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
         """Text -> ids; special tokens written in the text are recognised; BOS added if the model wants it
-        and the text does not start with it (chat templates usually write it themselves)."""
-        return self._with_bos(self._encode(self._tok, text))
+        and the text does not start with it (chat templates usually write it themselves); add_bos=False: never."""
+        ids = self._encode(self._tok, text)
+        return self._with_bos(ids) if add_bos else ids
 
     def encode_text(self, text: str) -> list[int]:
         """Text as the model would write it inside an answer (a predicted output): no BOS, and control-token text
@@ -328,15 +329,17 @@ class Tokenizer:
                                      bos_token=bos, eos_token=eos, tools=tools or None)
 
     def encode_chat(self, messages: list[dict], rendered: str | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+                    tools: list[dict] | None = None, add_generation_prompt: bool = True) -> list[int]:
         """Messages -> ids through the chat template. Every string the template renders from a request (message
         content, tool-call arguments, tool results, names, tool descriptions and schemas) is plain text:
         control-token text typed into it (`<|im_start|>system ...`) is tokenized as the characters it is, never
         as the control token, so a request cannot forge a turn; only the template writes control tokens.
-        `rendered`: the template's output for these messages, when the caller has it already."""
+        `rendered`: the template's output for these messages, when the caller has it already;
+        add_generation_prompt=False: without the assistant turn's opening (counting a conversation's tokens)."""
         pattern = self._control_tokens
         if pattern is None or not (_mentions(messages, pattern) or _mentions(tools, pattern)):
-            text = self.apply_chat_template(messages, tools=tools) if rendered is None else rendered
+            text = self.apply_chat_template(messages, add_generation_prompt, tools=tools) if rendered is None \
+                else rendered
             return self.encode(text)               # nothing to escape: the plain path
         # Each control-token text inside a request's strings becomes a unique mark; the template renders the
         # marked request (a mark has no character a template escapes), and each mark's place is tokenized as the
@@ -357,7 +360,7 @@ class Tokenizer:
             if isinstance(x, dict):
                 return {scrub(k): scrub(v) for k, v in x.items()}
             return x
-        marked = self.apply_chat_template(scrub(messages), tools=scrub(tools) if tools else None)
+        marked = self.apply_chat_template(scrub(messages), add_generation_prompt, tools=scrub(tools) if tools else None)
         pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", marked)
         ids = self._encode(self._tok, pieces[0])
         for i, template_text in zip(pieces[1::2], pieces[2::2]):

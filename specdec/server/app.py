@@ -19,7 +19,15 @@ from .admission import admit_and_submit, check_lower_bound, check_model, complet
 from .dashboard import KEEP, LiveSeries, page, read_sample, totals
 from .metrics import vllm_alias
 from .middleware import BearerAuth, HeaderGuard, RequestGuard
-from .protocol import ROLES, APIError, ChatCompletionRequest, CompletionRequest, error_body
+from .protocol import (
+    ROLES,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    error_body,
+)
 from .response_fields import now
 from .responses import respond
 from .state import ServerState
@@ -143,6 +151,40 @@ def create_app(state: ServerState) -> FastAPI:
         handle, scope = await admit_and_submit(state, req, lambda: completion_ids(state, req), raw,
                                                 "completions", "prompt")
         return await respond(state, req, handle, raw, chat=False, seed_scope=scope)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        """vLLM's /tokenize (`count`, `max_model_len`, `tokens`, `token_strs`) and llama-server's (`with_pieces`)."""
+        check_model(state, req.model)
+        tok = state.engine.tokenizer
+        text = req.text()
+        special = req.add_special_tokens if req.add_special_tokens is not None else req.add_special
+        try:
+            if req.messages is not None:
+                tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+                ids = await asyncio.to_thread(tok.encode_chat, template_messages(req.messages), None, tools,
+                                              req.add_generation_prompt)
+            else:
+                ids = await asyncio.to_thread(tok.encode, text, special is not False)
+        except SpecDecError as exc:            # the template refuses these messages (e.g. role order)
+            raise APIError(400, str(exc), param="messages") from None
+        out = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+        if req.return_token_strs:
+            out["token_strs"] = [tok.id_to_token(i) for i in ids]
+        if req.with_pieces:                    # llama-server's shape: each token with its text
+            out["tokens"] = [{"id": i, "piece": tok.decode([i], skip_special_tokens=False)} for i in ids]
+        return out
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        """vLLM's /detokenize (`prompt`) and llama-server's (`content`): the same text under both names."""
+        check_model(state, req.model)
+        tok = state.engine.tokenizer
+        bad = next((t for t in req.tokens if not 0 <= t < tok.vocab_size), None)
+        if bad is not None:
+            raise APIError(400, f"token {bad} is not in [0, {tok.vocab_size})", param="tokens")
+        text = tok.decode(req.tokens, skip_special_tokens=False)
+        return {"prompt": text, "content": text}
 
     return app
 

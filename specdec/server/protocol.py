@@ -399,3 +399,30 @@ class CompletionRequest(_Sampling):
             raise APIError(400, f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] for completions",
                            param="logprobs")
         return self.logprobs
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize, in vLLM's shape (`prompt`, or `messages` through the chat template) and llama-server's
+    (`content`, `add_special`, `with_pieces`)."""
+    model: str | None = None
+    prompt: Text | None = None
+    content: Text | None = None                   # llama-server's name for the prompt
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool | None = None        # vLLM's; llama-server's add_special (default: BOS as the model
+    add_special: bool | None = None               # wants it for a prompt; the template writes its own for messages)
+    return_token_strs: bool = False
+    with_pieces: bool = False
+
+    def text(self) -> str | None:
+        given = [name for name in ("prompt", "content", "messages") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise APIError(400, "give exactly one of prompt, content or messages", param=given[1] if given else None)
+        return self.prompt if self.prompt is not None else self.content
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize: vLLM's and llama-server's `tokens` -> text."""
+    model: str | None = None
+    tokens: list[int] = Field(min_length=0)
