@@ -46,6 +46,8 @@ def test_detokenize_is_the_inverse(served):
 
 @pytest.mark.parametrize("path, body, status, param", [
     ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, 400, "messages"),
+    ("/tokenize", {"prompt": 3}, 400, "prompt"),
+    ("/tokenize", {"messages": []}, 400, "messages"),
     ("/tokenize", {}, 400, None),
     ("/tokenize", {"prompt": "a", "model": "other"}, 404, "model"),
     ("/tokenize", {"messages": [{"role": "assistant", "content": "x"}, {"role": "bogus", "content": "y"}]}, 400,

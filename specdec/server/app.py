@@ -25,6 +25,8 @@ from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    TokenizeChat,
+    TokenizePrompt,
     TokenizeRequest,
     error_body,
 )
@@ -154,18 +156,18 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
-        """vLLM's /tokenize (`count`, `max_model_len`, `tokens`, `token_strs`) and llama-server's (`with_pieces`)."""
+        """vLLM's /tokenize (`count`, `max_model_len`, `tokens`, `token_strs`) and llama-server's (`content`,
+        `with_pieces`)."""
         check_model(state, req.model)
         tok = state.engine.tokenizer
-        text = req.text()
-        special = req.add_special_tokens if req.add_special_tokens is not None else req.add_special
         try:
-            if req.messages is not None:
+            if isinstance(req, TokenizeChat):
                 tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
                 ids = await asyncio.to_thread(tok.encode_chat, template_messages(req.messages), None, tools,
                                               req.add_generation_prompt)
             else:
-                ids = await asyncio.to_thread(tok.encode, text, special is not False)
+                text = req.prompt if isinstance(req, TokenizePrompt) else req.content
+                ids = await asyncio.to_thread(tok.encode, text, req.add_special_tokens and req.add_special)
         except SpecDecError as exc:            # the template refuses these messages (e.g. role order)
             raise APIError(400, str(exc), param="messages") from None
         out = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
@@ -213,6 +215,7 @@ async def _drain(state: ServerState) -> None:
 
 
 _TYPE_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[\](-]")   # a union member's tag in a pydantic loc
+_MODEL_TAG = re.compile(r"^[A-Z][A-Za-z0-9]*$")      # a body that is a union of models: the member's class name
 
 
 def _int_param(args: dict, name: str, default: int, lo: int, hi: int) -> int:
@@ -234,6 +237,14 @@ def _validation_body(errs: list[dict]) -> dict:
     location."""
     if not errs:
         return error_body("invalid request")
+    members = [e for e in errs if len(e.get("loc", ())) > 1 and _MODEL_TAG.match(str(e["loc"][1]))]
+    if members and len(members) == len(errs):
+        # a body that fits none of a union's shapes (/tokenize): where each shape only misses its own key, name
+        # them; else the error of the shape it came closest to (about a key the body has, the deepest)
+        if all(e.get("type") == "missing" and len(e["loc"]) == 3 for e in errs):
+            keys = list(dict.fromkeys(str(e["loc"][2]) for e in errs))
+            return error_body(f"one of {', '.join(keys)} is required")
+        errs = [max(errs, key=lambda e: (e.get("type") not in ("missing", "extra_forbidden"), len(e["loc"])))]
     first = next((e for e in errs if not str(e.get("type", "")).endswith("_type")), None) or \
         max(errs, key=lambda e: len(e.get("loc", ())))
     kind = first.get("type")
@@ -243,7 +254,7 @@ def _validation_body(errs: list[dict]) -> dict:
     raw = first.get("loc", ())
     # a message's role selects its schema (protocol.ChatMessage): pydantic puts the role in the location
     loc = [str(x) for i, x in enumerate(raw) if x != "body" and not (isinstance(x, str) and _TYPE_TAG.search(x))
-           and not (x in ROLES and i >= 2 and raw[i - 2] == "messages")]
+           and not (x in ROLES and i >= 2 and raw[i - 2] == "messages") and not (i == 1 and members)]
     if not loc and kind in ("model_attributes_type", "dict_type", "missing"):
         return error_body("the request body must be a JSON object")
     msg = first.get("msg", "invalid value")

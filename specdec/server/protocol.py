@@ -401,25 +401,31 @@ class CompletionRequest(_Sampling):
         return self.logprobs
 
 
-class TokenizeRequest(BaseModel):
-    """POST /tokenize, in vLLM's shape (`prompt`, or `messages` through the chat template) and llama-server's
-    (`content`, `add_special`, `with_pieces`)."""
+class _Tokenize(BaseModel):
+    model_config = ConfigDict(extra="forbid")      # one of the shapes below exactly: a prompt and messages is a 400
     model: str | None = None
-    prompt: Text | None = None
-    content: Text | None = None                   # llama-server's name for the prompt
-    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool = True                # vLLM's: BOS where the model wants one (a prompt only)
+    add_special: bool = True                       # llama-server's name for it
+    return_token_strs: bool = False                # vLLM's: each token's text beside its id
+    with_pieces: bool = False                      # llama-server's: tokens as {id, piece}
+
+
+class TokenizePrompt(_Tokenize):
+    prompt: Text
+
+
+class TokenizeContent(_Tokenize):                  # llama-server's name for the prompt
+    content: Text
+
+
+class TokenizeChat(_Tokenize):
+    messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
     add_generation_prompt: bool = True
-    add_special_tokens: bool | None = None        # vLLM's; llama-server's add_special (default: BOS as the model
-    add_special: bool | None = None               # wants it for a prompt; the template writes its own for messages)
-    return_token_strs: bool = False
-    with_pieces: bool = False
 
-    def text(self) -> str | None:
-        given = [name for name in ("prompt", "content", "messages") if getattr(self, name) is not None]
-        if len(given) != 1:
-            raise APIError(400, "give exactly one of prompt, content or messages", param=given[1] if given else None)
-        return self.prompt if self.prompt is not None else self.content
+
+# POST /tokenize, in vLLM's shapes (a prompt, or messages through the chat template) and llama-server's (content)
+TokenizeRequest = TokenizePrompt | TokenizeChat | TokenizeContent
 
 
 class DetokenizeRequest(BaseModel):
