@@ -9,11 +9,8 @@
 # Needs `pip install -e '.[models,gemma]'`. Run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-kind() {
-  local v; v=$(grep -q AuthenticAMD /proc/cpuinfo && echo amd || echo intel)
-  grep -q avx512f /proc/cpuinfo && echo "$v-avx512" || echo "$v-avx2"
-}
-OUT=${1:-docs/benchmarks/cross-vocab/$(kind)}
+source docs/benchmarks/cpu_kind.sh
+OUT=${1:-docs/benchmarks/cross-vocab/$(cpu_kind)}
 MAX_TOKENS=${MAX_TOKENS:-96}
 mkdir -p "$OUT"
 .venv/bin/specdec bench offline --prompts builtin --draft gemma3-270m --methods none,cross_vocab --k 4 \

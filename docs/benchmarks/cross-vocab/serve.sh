@@ -9,11 +9,8 @@
 # Needs `pip install -e '.[models,gemma]'`.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-kind() {
-  local v; v=$(grep -q AuthenticAMD /proc/cpuinfo && echo amd || echo intel)
-  grep -q avx512f /proc/cpuinfo && echo "$v-avx512" || echo "$v-avx2"
-}
-OUT=${1:-docs/benchmarks/cross-vocab/$(kind)/serve}
+source docs/benchmarks/cpu_kind.sh
+OUT=${1:-docs/benchmarks/cross-vocab/$(cpu_kind)/serve}
 DATASET=${DATASET:-builtin,long:4}
 ROUNDS=${ROUNDS:-1}
 pids=()

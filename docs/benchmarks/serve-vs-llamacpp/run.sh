@@ -22,11 +22,8 @@
 # idle machine: one busy process beside a benchmark spoils it.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-kind() {
-  local v; v=$(grep -q AuthenticAMD /proc/cpuinfo && echo amd || echo intel)
-  grep -q avx512f /proc/cpuinfo && echo "$v-avx512" || echo "$v-avx2"
-}
-OUT=${1:-docs/benchmarks/serve-vs-llamacpp/$(kind)}
+source docs/benchmarks/cpu_kind.sh
+OUT=${1:-docs/benchmarks/serve-vs-llamacpp/$(cpu_kind)}
 PHASES=${PHASES:-c1,edits,c4}
 DATASET=${DATASET:-builtin,long:8}
 ROUNDS=${ROUNDS:-2}
