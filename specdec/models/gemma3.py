@@ -23,7 +23,7 @@ from . import cpu_ops
 from .attn_metadata import AttnMetadata
 from .config import ModelConfig
 from .kv_cache import SeqKV, WindowedKV
-from .qwen2 import MLP, RMSNorm, RopeCache, Transformer
+from .qwen2 import MLP, RMSNorm, RopeCache, Transformer, norm_qk
 
 
 class Gemma3Attention(nn.Module):
@@ -31,9 +31,9 @@ class Gemma3Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=False)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.window = cfg.sliding_window if cfg.is_sliding(layer_idx) else None
@@ -44,14 +44,8 @@ class Gemma3Attention(nn.Module):
         self.q_scale = None if scalar == cfg.head_dim else math.sqrt(cfg.head_dim / scalar)
 
     def forward(self, x: torch.Tensor, positions, cos, sin, attn: AttnMetadata) -> torch.Tensor:
-        qkv = self.qkv_proj(x)                                                   # [N, (Hq + 2 Hkv) D]
-        n = qkv.shape[0]
-        q = self.q_norm(qkv[:, : self.q_size].reshape(n * self.num_heads, self.head_dim))[0]
-        k = self.k_norm(qkv[:, self.q_size: self.q_size + self.kv_size].reshape(n * self.num_kv_heads,
-                                                                                 self.head_dim))[0]
-        if self.q_scale is not None:
-            q = q * self.q_scale
-        qkv = torch.cat([q.view(n, -1), k.view(n, -1), qkv[:, self.q_size + self.kv_size:]], dim=1)
+        qkv = norm_qk(self.qkv_proj(x), self.q_norm, self.k_norm, self.num_heads, self.num_kv_heads, self.head_dim,
+                      self.q_scale)                                              # [N, (Hq + 2 Hkv) D]
         q, k, v = cpu_ops.rope_qkv(qkv, positions, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
         if attn.local is None:                     # a whole-model cache (SeqKV): every layer at its own index
             out = cpu_ops.ragged_attention(q, k, v, attn, self.layer_idx, window=self.window, positions=positions)

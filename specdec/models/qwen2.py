@@ -65,7 +65,6 @@ class Attention(nn.Module):
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
-        self.q_size, self.kv_size = q_size, kv_size
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -76,20 +75,24 @@ class Attention(nn.Module):
         # x: [N, hidden], the rows of every sequence in the step; cos/sin: [P, D] tables indexed by positions [N]
         qkv = self.qkv_proj(x)
         if self.qk_norm:
-            qkv = self.norm_qk(qkv)
+            qkv = norm_qk(qkv, self.q_norm, self.k_norm, self.num_heads, self.num_kv_heads, self.head_dim)
         q, k, v = cpu_ops.rope_qkv(qkv, positions, cos, sin, self.num_heads, self.num_kv_heads,
                                    self.head_dim)                               # [N, Hq, D], [N, Hkv, D] x 2
         out = cpu_ops.ragged_attention(q, k, v, attn, self.layer_idx, window=self.window, positions=positions)
         return self.o_proj(out)                                                 # [N, Hq*D] -> [N, hidden]
 
 
-    def norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
-        """[N, (Hq + 2 Hkv) D] with each q and k head RMS-normalised (Qwen3, Gemma 3); v as it was."""
-        n = qkv.shape[0]
-        q = self.q_norm(qkv[:, : self.q_size].reshape(n * self.num_heads, self.head_dim))[0]
-        k = self.k_norm(qkv[:, self.q_size: self.q_size + self.kv_size].reshape(n * self.num_kv_heads,
-                                                                                 self.head_dim))[0]
-        return torch.cat([q.view(n, -1), k.view(n, -1), qkv[:, self.q_size + self.kv_size:]], dim=1)
+
+def norm_qk(qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm, num_heads: int, num_kv_heads: int, head_dim: int,
+            q_scale: float | None = None) -> torch.Tensor:
+    """[N, (Hq + 2 Hkv) D] with each q and k head RMS-normalised (Qwen3, Gemma 3), q then multiplied by q_scale
+    where given; v as it was."""
+    n, q_size, kv_size = qkv.shape[0], num_heads * head_dim, num_kv_heads * head_dim
+    q = q_norm(qkv[:, :q_size].reshape(n * num_heads, head_dim))[0]
+    k = k_norm(qkv[:, q_size: q_size + kv_size].reshape(n * num_kv_heads, head_dim))[0]
+    if q_scale is not None:
+        q = q * q_scale
+    return torch.cat([q.view(n, -1), k.view(n, -1), qkv[:, q_size + kv_size:]], dim=1)
 
 
 class MLP(nn.Module):
