@@ -27,19 +27,17 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-# Gemma 3's block has four norms and q/k norms; its ffn_norm is the pre-feed-forward one.
-_GEMMA3_LAYER_NAMES = {
-    **_LAYER_NAMES,
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-}
+# Qwen3's block adds q/k norms; Gemma 3's has them too, four norms, and its ffn_norm is the pre-feed-forward one.
 _QWEN3_LAYER_NAMES = {
     **_LAYER_NAMES,
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+_GEMMA3_LAYER_NAMES = {
+    **_QWEN3_LAYER_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -55,6 +53,7 @@ def gguf_config(reader) -> ModelConfig:
     names = {t.name for t in reader.tensors}
     hidden = int(field(reader, f"{arch}.embedding_length"))
     num_heads = int(field(reader, f"{arch}.attention.head_count"))
+    head_dim = int(field(reader, f"{arch}.attention.key_length", hidden // num_heads))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
     return ModelConfig(
@@ -65,24 +64,23 @@ def gguf_config(reader) -> ModelConfig:
         num_layers=int(field(reader, f"{arch}.block_count")),
         num_heads=num_heads,
         num_kv_heads=int(field(reader, f"{arch}.attention.head_count_kv", num_heads)),
-        head_dim=int(field(reader, f"{arch}.attention.key_length", hidden // num_heads)),
+        head_dim=head_dim,
         rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
         rms_norm_eps=float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         max_position_embeddings=int(field(reader, f"{arch}.context_length", 4096)),
         attention_bias="blk.0.attn_q.bias" in names,
         tie_word_embeddings="output.weight" not in names,
-        **(_gemma3_extra(reader, hidden, num_heads) if arch == "gemma3" else _decoder_extra(reader, arch, names)),
+        **(_gemma3_extra(reader, hidden, num_heads) if arch == "gemma3"
+           else _decoder_extra(reader, arch, names, head_dim)),
     )
 
 
-def _decoder_extra(reader, arch: str, names: set[str]) -> dict:
+def _decoder_extra(reader, arch: str, names: set[str], head_dim: int) -> dict:
     """RoPE scaling and Qwen3's q/k norms of a qwen2/qwen3/llama file, and a refusal (one line) for what llama.cpp's
     header can say that specdec does not compute: a partial rotary dimension, a sliding window, YaRN.
 
     A Llama 3.x file carries its `llama3` scaling as the `rope_freqs` tensor (llama.cpp's converter computes the
     per-dimension divisors from the config's factors); `rope.scaling.type` linear carries a factor."""
-    width = int(field(reader, f"{arch}.embedding_length")) // int(field(reader, f"{arch}.attention.head_count"))
-    head_dim = int(field(reader, f"{arch}.attention.key_length", width))
     rot = field(reader, f"{arch}.rope.dimension_count")
     if rot is not None and int(rot) != head_dim:
         raise SpecDecError(f"GGUF {arch}.rope.dimension_count {rot} (RoPE over part of a {head_dim}-wide head) is not "

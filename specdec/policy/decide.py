@@ -122,10 +122,10 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
     cands: dict[str, Decision] = {}
     skipped: list[str] = []
     for method in available:
-        limit = (max_context or {}).get(method)
         if not prices(method, cost):        # a cost model given by hand, or measured before the head was loaded
             skipped.append(f"no measured cost for {method}")
             continue
+        limit = (max_context or {}).get(method)
         if limit is not None and features.context > limit:
             skipped.append(f"{method} was trained on contexts up to {limit} tokens, the prompt has {features.context}")
             continue
