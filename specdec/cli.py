@@ -38,10 +38,7 @@ def cmd_generate(args) -> int:
         raise SpecDecError("the prompt is empty")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop)
-    engine_args = EngineArgs.from_cli_args(args)
-    resolve_quantization(args)                   # after the request's own checks: it may assemble the model
-    engine_args.quantization = args.quantization
-    llm = LLM(engine_args)
+    llm = LLM(EngineArgs.from_cli_args(args))
     out = sys.stdout
     final, token_ids = None, []
     for delta in llm.stream(prompt, params, chat=not args.no_chat):
@@ -188,14 +185,6 @@ def _summary(s) -> str:
     if s.acceptance_rate is not None:
         parts.append(f"acceptance {s.acceptance_rate:.2f}, mean accepted length {s.mean_accepted_length:.2f}")
     return "; ".join(parts)
-
-
-def resolve_quantization(args) -> None:
-    """--quantization left out: the default for this target and device (models.loader.default_quantization)."""
-    if args.quantization is None:
-        from .models.loader import default_quantization
-
-        args.quantization = default_quantization(args.target, args.device)
 
 
 def main(argv: list[str] | None = None) -> int:

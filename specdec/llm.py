@@ -57,8 +57,8 @@ class LLM:
             raise SpecDecError(f"LLM: {exc}") from None
         torch.set_num_threads(args.num_threads or os.cpu_count() or 1)
         self.speculative = args.speculative
-        self.quantization = args.quantization          # the target's weights: none | int8 | int4 (vLLM's name)
         self.models: LoadedModels = load_models(args)
+        self.quantization = self.models.quantization   # the target's weights: none | int8 | int4 (vLLM's name)
         self.target: LoadedModel = self.models.target
         self.tokenizer = self.target.tokenizer
         self.draft: LoadedModel | None = self.models.draft

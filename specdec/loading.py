@@ -13,7 +13,7 @@ from .config import get_method
 from .engine_args import EngineArgs
 from .errors import SpecDecError
 from .models.heads import LoadedHead
-from .models.loader import LoadedModel, load_model, source_arch
+from .models.loader import LoadedModel, default_quantization, load_model, source_arch
 from .models.registry import DEFAULT_DRAFT
 from .proposers import check_compatible
 from .proposers.cross_vocab import METHOD as CROSS_VOCAB
@@ -26,6 +26,7 @@ log = logging.getLogger("specdec")
 @dataclass
 class LoadedModels:
     target: LoadedModel
+    quantization: str = "none"                     # the target's weights as loaded: none | int8 | int4
     draft: LoadedModel | None = None
     draft_quantization: str | None = None          # the draft's weights as loaded: none | int8 | int4
     draft_cross_vocab: bool = False                # the draft has another vocabulary (method cross_vocab drafts)
@@ -91,9 +92,12 @@ def load_models(args: EngineArgs) -> LoadedModels:
         if draft is None and get_method(spec.method).needs == "draft_model":
             raise SpecDecError(f"method '{spec.method}' needs a draft model for {args.target} ({arch}; the built-in "
                                f"draft is a Qwen2): pass --draft")
+    quantization = args.quantization
+    if quantization is None:        # left out: what the file and the device call for, in the CLI and LLM() alike
+        quantization = default_quantization(args.target, args.device, progress=args.progress)
     target = load_model(args.target, dtype=args.dtype, device=args.device, progress=args.progress,
-                        quantization=args.quantization)
-    out = LoadedModels(target)
+                        quantization=quantization)
+    out = LoadedModels(target, quantization)
     if draft is not None:
         # a draft's int4 is 4-bit throughout (its Q6_K/Q8_0 blocks re-quantized): its tokens are verified, so only
         # its step cost matters (measured on the 0.5B: 796 -> 559 MB, 23.7 -> 16.0 ms a step)

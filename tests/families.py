@@ -101,7 +101,7 @@ def write_gguf(directory: Path, model, path: Path, arch: str, extra: dict | None
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_file_type(0)
+    w.add_file_type(7 if q8 else 0)     # MOSTLY_Q8_0 / ALL_F32: what default_quantization reads
     for key, value in (extra or {}).items():
         (w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32)(
             key, value)

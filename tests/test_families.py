@@ -96,6 +96,12 @@ def test_llama_gguf_blocks_as_int4_keep_the_rows_in_order(llama3, tmp_path):
     # relative error measured here; with the file's row order kept, 0.04 and 125%
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.7
     assert ((got - want).norm() / want.norm()).item() < 0.3
+    # LLM() without a quantization keeps the blocks as `specdec serve` does (it once loaded the runtime dtype)
+    from specdec import LLM
+    from specdec.models.quantization.kernels import vector_kernel
+
+    llm = LLM(target=str(gguf_path), device="cpu", progress=False)
+    assert llm.quantization == ("int4" if vector_kernel(4) else "none")
 
 
 @pytest.mark.parametrize("rope", [{"rope_type": "linear", "factor": 3.0},

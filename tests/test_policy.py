@@ -161,6 +161,27 @@ def test_draft_is_explored_and_lookup_is_scored_for_free():
     assert pol.decide("e", "fresh", RequestFeatures(max_tokens=4)).method == "none"
 
 
+def test_an_exploring_request_drafts_with_the_model_even_where_lookup_or_the_prior_would_not():
+    # FLAT prices the draft out at any k, and lookup's guesses here are long and right: re-planned each step, the
+    # draft would never run, the pool would never see it and would explore it again on every request
+    pol = SpeculationPolicy(FLAT, PolicyConfig(), ("ngram", "draft"))
+    f = RequestFeatures(max_tokens=128)
+    first = pol.decide("a", "copy", f)
+    assert first.explore and first.method == "draft" and first.k >= 1
+    ctl = pol.controller(first, "copy", 0.0)
+    sources = []
+    for _ in range(10):
+        source, k = ctl.plan(4, 8)
+        sources.append(source)
+        ctl.observe(source, k, k if source == "model" else 8, n=4, lookup_len=8, lookup_matched=8)
+    explored = StepController.explore_steps
+    assert sources[:explored] == ["model"] * explored
+    assert ctl.steps == explored and "lookup" in sources[explored:]     # then the plan is the cost model's again
+    pol.record("copy", first, 0.0, _Stats(drafted=4, accepted=4, steps=explored), ctl)
+    assert pol.pools["copy"].count("draft") == 1
+    assert not pol.decide("b", "copy", f).explore                      # explored once, not again
+
+
 def test_rollout_fraction_split_and_stability():
     n, frac = 4000, 0.3
     arms = [rollout_arm(f"req-{i}", frac) for i in range(n)]

@@ -153,6 +153,18 @@ def machine_info(threads: int) -> dict:
             "specdec_commit": commit}
 
 
+def _heads(cfg: OfflineBenchConfig, declared: list) -> dict[str, str | None]:
+    """The heads each head method asked for needs, and under auto the ones `specdec serve` loads by default, so
+    that auto here is the method a user gets (a --<method>-head directory given wins)."""
+    from ..loading import default_heads
+    from ..models.registry import DEFAULT_TARGET
+
+    heads = {m.name: cfg.heads.get(m.name) for m in dict.fromkeys(declared) if m.needs == "head"}
+    if AUTO in cfg.methods:
+        heads = {**default_heads(AUTO, cfg.target or DEFAULT_TARGET), **cfg.heads, **heads}
+    return heads
+
+
 def run_offline(cfg: OfflineBenchConfig) -> dict:
     import torch
 
@@ -182,7 +194,7 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
               quantization=cfg.quantization, head_quantization=cfg.head_quantization,
               # every method's run of a prompt starts cold: a cached prefix would favour the later runs' TTFT
               enable_prefix_caching=False,
-              heads={m.name: cfg.heads.get(m.name) for m in dict.fromkeys(declared) if m.needs == "head"},
+              heads=_heads(cfg, declared),
               # the methods asked for that draft with a model: the first one loads it (cross_vocab: another vocabulary)
               speculative=SpeculativeConfig(method=next((m.name for m in declared if m.needs == "draft_model"),
                                                         draft_model_method()) if need_draft else PLAIN,

@@ -66,6 +66,8 @@ class Decision:
     probe: bool = False               # a disabled pool's probe request
     gated: bool = False               # plain because of the request itself (short output, high load, a prompt
                                       # too long for the only method's draft model to pay for reading)
+    explore: bool = False             # the pool's first try of this method: its k is run, not re-planned, until
+                                      # the request has observed a few of its steps
 
 
 def temperature_bucket(temperature: float) -> str:
@@ -177,15 +179,19 @@ class StepController:
     """
 
     prior_steps = 2.0
+    explore_steps = 4                 # an exploring request's first model steps, run at its k whatever lookup offers
     lookup_prior_weight = 2.0         # proposals a prior is worth against this request's own record
     lookup_decay = 0.8                # per guess of the same match length: the record remembers ~5 guesses
 
     def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig,
                  lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[float, float, float]] | None = None,
-                 use_lookup: bool = True, guesser: Guesser | None = None):
+                 use_lookup: bool = True, guesser: Guesser | None = None, explore: bool = False):
         models = get_method(method).drafts_with_model
         self.model = method if models else draft_model_method()   # the model proposer: draft model or a head
         self.k = k if models else 0                       # prompt lookup chosen: lookup alone, no draft steps
+        # exploring: the model's own record is what the pool lacks, and a k the prior says will not pay (or lookup
+        # taking every step) would leave it without one, so the pool would explore again on every request
+        self.explore = explore and models and k > 0
         self.cost, self.cfg = cost, cfg
         self.use_lookup = use_lookup                      # False: guesses are only scored, never verified
         self.prior_alpha = alpha
@@ -243,6 +249,9 @@ class StepController:
         the choice. Without one, the sequence is alone in its step.
         """
         budget = budget or StepBudget(self.cost)
+        if self.explore and self.steps < self.explore_steps:
+            budget.add(self.model, self.alpha, self.k)
+            return MODEL, self.k
         k_d, g_d = budget.best(self.model, self.alpha, self.k) if self.k else (0, 1.0)
         choice = (MODEL, k_d, g_d, self.alpha)
         if lookup_len and self.use_lookup:
@@ -301,5 +310,7 @@ class StepController:
         self.drafted += num_draft
         self.accepted += num_accepted
         self.steps += 1
+        if self.explore and self.steps < self.explore_steps:
+            return
         k, s = best_k(self.model, self.alpha, self.cost, self.cfg.k_max)
         self.k = k if s >= self.cfg.min_speedup else 0

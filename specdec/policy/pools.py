@@ -195,7 +195,7 @@ class SpeculationPolicy:
                 k = e.k or 1
                 return Decision(m, k, e.expected_speedup, f"exploring {m} k={k} in pool '{pool_name}' "
                                 f"({bucket}): no observation yet",
-                                e.alpha or prior_alpha(m, features.temperature, self.cfg))
+                                e.alpha or prior_alpha(m, features.temperature, self.cfg), explore=True)
             return d
         if unit_hash(request_id, "probe") < self.cfg.probe_fraction:
             # a probe asks whether speculation pays again: judge it from the priors, not the stale window
@@ -221,7 +221,8 @@ class SpeculationPolicy:
         lookup_alpha = pool.estimate(ngram, bucket)
         return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost.at(context), self.cfg,
                               lookup_alpha if lookup_alpha is not None else prior_alpha(ngram, temperature, self.cfg),
-                              pool.lookup_prior(bucket), use_lookup=ngram in self.available, guesser=guesser)
+                              pool.lookup_prior(bucket), use_lookup=ngram in self.available, guesser=guesser,
+                              explore=decision.explore)
 
     def record(self, pool_name: str, decision: Decision, temperature: float, stats,
                controller: StepController | None = None) -> None:
