@@ -218,7 +218,8 @@ class LLM:
         finally:
             for rid in ids:
                 self.engine.abort(rid)               # no-op for finished requests; frees the rest on error
-        return [RequestOutput(s.prompt_ids, list(s.output_ids), s.text, s.finish_reason, s.stats, s.logprobs)
+        return [RequestOutput(s.prompt_ids, list(s.output_ids), s.text, s.finish_reason, s.stats, s.logprobs,
+                              s.prompt_logprobs)
                 for s in seqs]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, chat: bool = True,

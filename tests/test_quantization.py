@@ -190,6 +190,8 @@ def test_llm_loads_its_draft_four_bit(monkeypatch):
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(loading, "load_model", fake_load)
+    # no file behind "t": the target's default quantization (read from its file) is the runtime dtype's here
+    monkeypatch.setattr(loading, "default_quantization", lambda *a, **k: "none")
     with pytest.raises(RuntimeError, match="stop here"):
         llm_mod.LLM(target="t", draft="d", quantization="int4")
     assert calls[0][1].get("int4_exact", True) is True                # the target: exact blocks

@@ -135,7 +135,7 @@ MSG = [{"role": "user", "content": "hi"}]
     ({"messages": MSG, "top_p": 1.5}, "top_p"),
     ({"messages": MSG, "max_tokens": 0}, "max_tokens"),
     ({"messages": MSG, "max_tokens": "ten"}, "max_tokens"),
-    ({"messages": MSG, "n": 2}, "n"),
+    ({"messages": MSG, "n": 0}, "n"),
     ({"messages": MSG, "stop": [""]}, "stop"),
     ({"messages": MSG, "speculative": {"method": "lookahead"}}, "speculative.method"),
     ({"messages": MSG, "speculative": {"method": "eagle3"}}, "speculative.method"),       # no head loaded
@@ -370,7 +370,8 @@ def test_schemathesis_no_server_errors(short_server):
                            "--workers", "1", "--request-timeout", "60", "--no-color"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "No issues found" in proc.stdout and " passed" in proc.stdout
+    # a warning may say GET/DELETE /v1/responses/{id} only met unknown ids (404): no failure is listed
+    assert "❌" not in proc.stdout and " passed" in proc.stdout, proc.stdout[-3000:]
 
 
 def test_sigterm_drains_in_flight_and_exits_0(tiny_dirs, tmp_path):

@@ -267,7 +267,7 @@ BAD = [
     (CHAT, {"messages": MSG, "structured_outputs": {"regex": "(["}}, "structured_outputs"),
     (CHAT, {"messages": MSG, "structured_outputs": {"regex": "a", "json": {}}}, "structured_outputs"),
     (CHAT, {"messages": MSG, "structured_outputs": {"xml": "a"}}, "structured_outputs"),
-    (CHAT, {"messages": MSG, "logit_bias": {"5": 100}}, "logit_bias"),
+    (CHAT, {"messages": MSG, "logit_bias": {"5": 101}}, "logit_bias"),                   # [-100, 100]
     (CHAT, {"messages": MSG, "top_logprobs": 2}, "top_logprobs"),                      # needs logprobs: true
     (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     (CHAT, {"messages": MSG, "logprobs": 3}, "logprobs"),                               # a boolean in chat
@@ -280,8 +280,8 @@ BAD = [
     (CHAT, {"messages": MSG, "modalities": ["text", "audio"]}, "modalities"),
     (COMPLETIONS, {"prompt": "hi", "suffix": "!"}, "suffix"),
     (COMPLETIONS, {"prompt": "hi", "best_of": 3}, "best_of"),
-    (COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": -100}}, "logit_bias"),
-    (COMPLETIONS, {"prompt": "hi", "echo": True}, "echo"),
+    (COMPLETIONS, {"prompt": "hi", "logit_bias": {"x5": -100}}, "logit_bias"),          # keys: token ids
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 0}, "max_tokens"),                     # 0 only with echo
     # 7. smaller
     (COMPLETIONS, {"prompt": "word " * 400, "max_tokens": 1}, "prompt"),            # named messages before
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},

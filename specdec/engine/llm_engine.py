@@ -29,6 +29,8 @@ from ..policy.cost_model import StepBudget
 from ..policy.decide import Decision, RequestFeatures, prior_alpha
 from ..proposers.base import Draft, ProposalContext, Proposer, empty_draft, tree_allowed
 from ..proposers.registry import build_proposers
+from ..sampling.logprobs import token_logprobs
+from ..sampling.penalties import Penalties, wants_penalties
 from ..sampling.verifier import Verification, verify_step
 from ..sampling_params import SamplingParams
 from .commit import FORCED, Committer, Plan, StepTimes
@@ -133,6 +135,11 @@ class LLMEngine:
             from ..sampling.grammar import Constraint
 
             seq.constraint = Constraint(params.structured_outputs, self.tokenizer)
+        if wants_penalties(params):
+            if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+                raise SpecDecError(f"logit_bias: token id {max(params.logit_bias)} is not in the vocabulary "
+                                   f"(ids 0..{self.vocab_size - 1})")
+            seq.penalties = Penalties(params, seq.prompt_ids, seq.output_ids, self.eos_ids)
         if method.kind == "policy":
             self._decide(seq)
         elif method.combines:
@@ -140,7 +147,10 @@ class LLMEngine:
         # a learned head reads the target's hidden states at every prompt position, which an entry does not keep: an
         # EAGLE head's own cache rows stand for them, so a hit reaches no further than those
         reader = self._reader(seq)
-        seq.reuse_prefix = self.kv.prefix is not None
+        # prompt logprobs come from the prefill's rows: every prompt token is computed, none reused
+        seq.reuse_prefix = self.kv.prefix is not None and params.prompt_logprobs is None
+        if params.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None]
         seq.prefix_bound = reader.name if reader is not None and reader.prefix_needs_cache else None
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -327,10 +337,13 @@ class LLMEngine:
         sampling += [(seq, None, lg, None) for (seq, _), lg in zip(prefills, run.prompt_logits) if lg is not None]
         results = verify_step([Verification(lg, (p.draft if p else empty_draft()).token_ids,
                                             p.draft.q_draft if p else None, p.draft.parents if p else None,
-                                            s.params, s.generator, s.constraint) for s, p, lg, _ in sampling],
+                                            s.params, s.generator, s.constraint, s.penalties)
+                               for s, p, lg, _ in sampling],
                               self.vocab_size)
         times = StepTimes(t0, t1, time.perf_counter())
-        for seq, n in prefills:                                             # 5. commit
+        for (seq, n), rows in zip(prefills, run.prompt_rows):               # 5. commit
+            if rows is not None:
+                self._prompt_logprobs(seq, rows)
             self.committer.prompt_chunk(seq, n)
         outputs = []
         for (seq, plan, lg, hidden), (num_accepted, emitted, kept) in zip(sampling, results):
@@ -343,6 +356,15 @@ class LLMEngine:
         # how long prompt tokens take here: the scheduler sizes the next steps' chunks by it
         self.scheduler.observe(chunks, time.perf_counter() - t0)
         return outputs
+
+    def _prompt_logprobs(self, seq: Sequence, rows: torch.Tensor) -> None:
+        """The logprobs of the prompt tokens this chunk's rows predict (row at position p: token p + 1)."""
+        start = seq.num_computed
+        lo = max(len(seq.prompt_logprobs), start + 1)     # a preempted request's prompt is computed again: once each
+        hi = min(len(seq.prompt_ids), start + 1 + rows.shape[0])
+        if hi > lo:
+            seq.prompt_logprobs += token_logprobs(rows[lo - start - 1: hi - start - 1, :self.vocab_size],
+                                                  seq.prompt_ids[lo:hi], seq.params.prompt_logprobs)
 
     def _read_prompts(self, prefills: list[tuple[Sequence, int]]) -> None:
         """The step's prompt chunks, to the proposers that read prompts themselves (a draft model), in the step that
@@ -418,19 +440,23 @@ class LLMEngine:
         rows = functools.partial(self.row_cost, context=len(seq.token_ids)) if self.row_cost is not None else None
         return ProposalContext(seq.seq_id, seq.token_ids, seq.params, seq.generator, seq.constraint, sp.topk,
                                min(sp.depth, k), rows, sp.prompt_lookup_max, sp.prompt_lookup_min, seq.corpus,
-                               sp.prediction)
+                               sp.prediction, seq.penalties)
 
     def _output(self, seq: Sequence, committed: list[int], logprobs=None) -> StepOutput:
         now = time.perf_counter()
         if seq.first_token_at is None:
             seq.first_token_at = now
+            prompt_lps = seq.prompt_logprobs                # handed out once, with the first token
+        else:
+            prompt_lps = None
         if not seq.finished:
-            return StepOutput(seq.request_id, StreamDelta(seq.take_delta(), committed, False, None, logprobs=logprobs))
+            return StepOutput(seq.request_id, StreamDelta(seq.take_delta(), committed, False, None, logprobs=logprobs,
+                                                          prompt_logprobs=prompt_lps))
         seq.stats.finish_reason = seq.finish_reason
         seq.stats.finalize(seq.arrival, seq.first_token_at, now)
         self._finish(seq)
         return StepOutput(seq.request_id, StreamDelta(seq.take_delta(), committed, True, seq.finish_reason, seq.stats,
-                                                      logprobs=logprobs))
+                                                      logprobs=logprobs, prompt_logprobs=prompt_lps))
 
     def _finish(self, seq: Sequence) -> None:
         self.seqs.pop(seq.request_id, None)

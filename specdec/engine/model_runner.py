@@ -23,6 +23,8 @@ class Executed:
     decode_logits: list[torch.Tensor]                  # per decoding sequence  # [1 + draft rows, V]
     decode_hidden: list[dict[int, torch.Tensor] | None]  # per decoding sequence: {layer: [rows, H]} for its head
     prompt_logits: list[torch.Tensor | None]           # per prompt chunk: its last row's [1, V] when it ends the prompt
+    prompt_rows: list[torch.Tensor | None]             # per prompt chunk: every prompt row's [n, V], when its
+                                                       # request asked for prompt logprobs
     num_rows: int
 
 
@@ -44,16 +46,20 @@ class ModelRunner:
                       decode=True, hidden=heads[s.seq_id] is not None, parents=d.row_parents())
                  for s, d in zip(decodes, drafts)]
         last_span, owners = [], []                  # per prefill, the index of its last span; each chunk span's owner
+        all_rows: list[int | None] = []             # per prefill, its prompt span whose every row's logits it wants
         for seq, n in prefills:
             lo, hi = seq.num_computed, seq.num_computed + n
             done, cut = hi == len(seq.token_ids), min(max(len(seq.prompt_ids), lo), hi)
             kv = self.kv.get(seq.seq_id)
+            wants_rows = seq.prompt_logprobs is not None and cut > lo
             for a, b, decode in ((lo, cut, self.exact_rows), (cut, hi, True)):
                 if b > a:
-                    spans.append(Span(kv, a, seq.token_ids[a:b], "last" if done and b == hi else "none",
-                                      decode=decode, hidden=heads[seq.seq_id] is not None))
+                    mode = "all" if wants_rows and b == cut else "last" if done and b == hi else "none"
+                    spans.append(Span(kv, a, seq.token_ids[a:b], mode, decode=decode,
+                                      hidden=heads[seq.seq_id] is not None))
                     owners.append(seq)
             last_span.append(len(spans) - 1)
+            all_rows.append(len(spans) - 1 - (hi > cut) if wants_rows else None)
         layers = tuple(sorted({i for head in heads.values() if head is not None for i in head.target_hidden}))
         if layers:
             logits, hidden = forward_spans(self.model, spans, layers)
@@ -63,7 +69,10 @@ class ModelRunner:
         for seq, span, h in zip(owners, spans[d:], hidden[d:]):
             if h is not None:
                 heads[seq.seq_id].accept_hidden(seq.seq_id, span.start, h)
-        return Executed(logits[:d], hidden[:d], [logits[i] for i in last_span], sum(len(s.token_ids) for s in spans))
+        last = [None if logits[i] is None else logits[i][-1:] if done else None
+                for i, done in zip(last_span, (s.num_computed + n == len(s.token_ids) for s, n in prefills))]
+        return Executed(logits[:d], hidden[:d], last, [None if i is None else logits[i] for i in all_rows],
+                        sum(len(s.token_ids) for s in spans))
 
     def compute_prompt_rows(self, kv, start: int, token_ids: list[int]) -> None:
         """K/V of `token_ids` at positions start.. as prompt rows, into `kv` (a prefix entry's cache), no logits:

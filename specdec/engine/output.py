@@ -15,6 +15,7 @@ class StreamDelta:
     finish_reason: str | None
     stats: RequestStats | None = None   # set on the last delta
     logprobs: list[TokenLogprob] | None = None   # per token of token_ids, when the request asked for logprobs
+    prompt_logprobs: list[TokenLogprob | None] | None = None   # on the first delta, when asked (None: first token)
 
 
 @dataclass
@@ -33,6 +34,7 @@ class RequestOutput:
     finish_reason: str
     stats: RequestStats
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass

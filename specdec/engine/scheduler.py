@@ -250,7 +250,9 @@ class Scheduler:
                 if hit is not None:
                     self.kv.unpin(hit)
                 hit, best = candidate, have
-            if r.prefilling and shared - max(best, r.num_computed) >= SHARE_MIN:
+            # ... or the running one computes all this prompt can reuse (n choices of one prompt: one prefill)
+            gain = shared - max(best, r.num_computed)
+            if r.prefilling and gain > 0 and (gain >= SHARE_MIN or shared == limit):
                 if hit is not None:
                     self.kv.unpin(hit)
                 return False

@@ -13,6 +13,7 @@ from ..metrics.stats import RequestStats
 from ..models.prefix_cache import Hit
 from ..policy.decide import Decision, StepController
 from ..sampling.grammar import Constraint
+from ..sampling.penalties import Penalties
 from ..sampling_params import SamplingParams
 from ..tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -53,7 +54,9 @@ class Sequence:
     arrival: float = 0.0                            # perf_counter at add_request
     first_token_at: float | None = None
     logprobs: list | None = None                    # TokenLogprob per output token, when params.logprobs is set
+    prompt_logprobs: list | None = None             # per prompt token (None for the first), when asked
     constraint: Constraint | None = None            # structured outputs: the grammar's state
+    penalties: Penalties | None = None              # repetition penalties, logit_bias, min_tokens (when asked)
     reuse_prefix: bool = False                      # may start from a prefix cache entry (set by the engine)
     prefix_bound: str | None = None                 # a proposer whose own cache in an entry bounds the reuse
     prefix_hit: Hit | None = None                   # the entry its first chunk started from, until the step's
@@ -103,11 +106,15 @@ class Sequence:
             taken.append(tok)
             self.output_ids.append(tok)
             self.token_ids.append(tok)
-            if tok in self.eos_ids and not self.params.ignore_eos:
+            # min_tokens (vLLM's rule): no EOS among the first min_tokens tokens (the sampler masks it), no stop
+            # string before min_tokens tokens are out
+            if tok in self.eos_ids and not self.params.ignore_eos and len(self.output_ids) > self.params.min_tokens:
                 self.finish_reason = "stop"
                 break
             self.text += self._detok.add([tok])
-            if self.params.stop and self._check_stop():
+            if self.params.stop and len(self.output_ids) < self.params.min_tokens:
+                self._stop_scan = len(self.text)
+            elif self.params.stop and self._check_stop():
                 break
             if len(self.output_ids) >= self.params.max_tokens or len(self.token_ids) >= self.max_len:
                 self.finish_reason = "length"

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..models.kv_cache import SeqKV
 from ..sampling.grammar import Constraint, apply_masks
 from ..sampling.logits import probs_from_logits, sample
+from ..sampling.penalties import Penalties, wants_penalties
 from ..sampling_params import SamplingParams
 
 
@@ -46,6 +47,8 @@ class ProposalContext:
     prompt_lookup_min: int = 1
     pool: str = "default"                  # the request's speculation pool (suffix decoding searches its outputs)
     prediction: list[int] | None = None    # the request's predicted output (OpenAI's `prediction`), as tokens
+    penalties: Penalties | None = None     # the request's penalties and bias: a model drafts from the adjusted logits
+    drafted: list[int] = field(default_factory=list)   # this proposal's tokens so far (what the penalties count)
 
     @property
     def tree(self) -> bool:
@@ -54,8 +57,9 @@ class ProposalContext:
 
 def tree_allowed(topk: int, params: SamplingParams, constraint) -> bool:
     """Draft a token tree: asked for (topk > 1), and the request is greedy and free of a grammar. A tree is verified
-    by argmax, exact for greedy requests only; the others verify a chain as deep as the tree."""
-    return topk > 1 and params.greedy and constraint is None
+    by argmax, exact for greedy requests only, of a target whose rows do not depend on the path (penalties do); the
+    others verify a chain as deep as the tree."""
+    return topk > 1 and params.greedy and constraint is None and not wants_penalties(params)
 
 
 @dataclass
@@ -176,6 +180,8 @@ def draft_token(logits: torch.Tensor, ctx: ProposalContext, q_rows: list) -> int
     greedy request, else a draw from the request's processed distribution (appended to q_rows: the q_draft that
     verification needs). A constrained sequence drafts from the grammar-masked distribution and advances it."""
     p, c = ctx.params, ctx.constraint
+    if ctx.penalties is not None:
+        logits = ctx.penalties.apply(logits, ctx.drafted)
     if c is not None:
         allowed = c.mask()[None]
         logits = apply_masks(logits, allowed)
@@ -189,6 +195,8 @@ def draft_token(logits: torch.Tensor, ctx: ProposalContext, q_rows: list) -> int
         tok = int(sample(q, ctx.generator))
     if c is not None:
         c.advance(tok)
+    if ctx.penalties is not None:
+        ctx.drafted.append(tok)
     return tok
 
 
@@ -198,8 +206,8 @@ def head_draft_token(logits: torch.Tensor, token_ids: torch.Tensor, model_vocab:
     argmax, or a draw from the request's processed distribution computed over the V' rows only and scattered into a
     [vocab_size] q_draft row, zero elsewhere. That is the distribution the -inf-padded full row gives, without a
     152k-wide softmax and sort per draft token. A constrained request takes the full row (its grammar masks are over
-    the target's vocabulary)."""
-    if ctx.constraint is not None:
+    the target's vocabulary), and so does one with penalties (they count tokens over the whole vocabulary)."""
+    if ctx.constraint is not None or ctx.penalties is not None:
         return draft_token(scatter_vocab(logits, token_ids, model_vocab, vocab_size), ctx, q_rows)
     if int(token_ids.max()) >= vocab_size:                          # a model's padding rows (ids >= vocab_size) go
         keep = token_ids < vocab_size

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .grammar import Constraint, apply_masks
+from .penalties import Penalties
 from .rejection import verify_ragged, verify_tree_greedy
 
 if TYPE_CHECKING:      # SamplingParams sits a layer above sampling (it holds a grammar spec)
@@ -28,6 +29,7 @@ class Verification:
     params: SamplingParams
     generator: torch.Generator | None
     constraint: Constraint | None = None
+    penalties: Penalties | None = None   # repetition penalties, logit_bias, min_tokens: row j after the first j drafts
 
 
 def verify_step(items: list[Verification], vocab_size: int) -> list[tuple[int, list[int], list[int] | None]]:
@@ -44,12 +46,24 @@ def verify_step(items: list[Verification], vocab_size: int) -> list[tuple[int, l
         out[j] = (len(path), emitted, [0] + [i + 1 for i in path])
     chained = [items[j] for j in chains]
     results = verify_ragged(
-        [_constrained(it.logits[:, :V], it.draft_tokens, it.constraint) for it in chained],
+        [_adjusted(it.logits[:, :V], it) for it in chained],
         [it.draft_tokens for it in chained],
         [None if it.q_draft is None else it.q_draft[:, :V].to(it.logits.device) for it in chained],
         [it.params for it in chained], [it.generator for it in chained])
     for j, (n, emitted) in zip(chains, results):
         out[j] = (n, emitted, None)
+    return out
+
+
+def _adjusted(logits: torch.Tensor, it: Verification) -> torch.Tensor:
+    """The rows the request samples from: its penalties and bias, then its grammar's masks. Where min_tokens
+    masks the only tokens the grammar still allows (the grammar ends before min_tokens), the grammar wins."""
+    if it.penalties is None:
+        return _constrained(logits, it.draft_tokens, it.constraint)
+    out = _constrained(it.penalties.apply(logits, it.draft_tokens.tolist()), it.draft_tokens, it.constraint)
+    dead = ~torch.isfinite(out).any(-1)
+    if bool(dead.any()):
+        out[dead] = _constrained(logits.float(), it.draft_tokens, it.constraint)[dead]
     return out
 
 

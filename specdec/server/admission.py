@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 
@@ -52,7 +52,7 @@ def check_lower_bound(state: ServerState, req, lower: int | None, prompt_param: 
 
 def completion_ids(state: ServerState, req: CompletionRequest) -> list[int]:
     prompt = req.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
             raise APIError(400, "only one prompt per request is supported", param="prompt")
         prompt = prompt[0]
@@ -150,15 +150,29 @@ def cache_partition(tenant: str, cache_salt: str | None) -> str | None:
     return f"{tenant}\0{cache_salt or ''}"
 
 
+@dataclass
+class Submitted:
+    handles: list[RequestStream]          # one per choice (the request's `n`), choice i is handles[i]
+    seed_scope: str | None                # what a seed reproduces (response_fields.seed_scope)
+    prompt_ids: list[int]
+
+
 async def admit_and_submit(state: ServerState, req, encode, raw: Request, route: str,
-                            prompt_param: str) -> tuple[RequestStream, str | None]:
+                            prompt_param: str) -> Submitted:
     """Admit (or 429), tokenize in a worker thread (the event loop keeps serving), check the context window,
-    submit. Returns the handle and the response's `seed_scope`."""
+    submit: one engine request per choice.
+
+    n > 1: n engine requests of one prompt, submitted together; the scheduler lets the later ones wait for the
+    first one's prefill and copy its K/V (one prefill). With a seed, choice i samples with seed + i (vLLM's rule),
+    so the n choices differ and the whole response is reproducible."""
     engine = state.engine
+    choices = req.n
     if state.draining:
         raise shutting_down()
     if not engine.try_admit():                     # before tokenizing: a full queue costs nothing
         raise queue_full(engine)
+    engine.admit_more(choices - 1)                 # the request is admitted as a whole, its n choices with it
+    handles: list[RequestStream] = []
     try:
         prompt_ids = await asyncio.to_thread(encode)
         max_len = state.max_model_len
@@ -170,6 +184,10 @@ async def admit_and_submit(state: ServerState, req, encode, raw: Request, route:
             params = req.sampling_params(want if want is not None else max_len - n)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
+        vocab = state.engine.tokenizer.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise APIError(400, f"logit_bias: token id {max(params.logit_bias)} is not in the vocabulary (ids 0.."
+                                f"{vocab - 1})", param="logit_bias")
         if params.structured_outputs is not None:     # a bad schema or grammar is the client's error, said now
             try:
                 await asyncio.to_thread(check_grammar, params.structured_outputs, state.engine.tokenizer)
@@ -187,14 +205,20 @@ async def admit_and_submit(state: ServerState, req, encode, raw: Request, route:
             spec, arm = replace(spec, method=PLAIN, num_speculative_tokens=None), "plain"
         if state.closed:                           # drained while this request was tokenizing
             raise shutting_down()
-        try:
-            handle = await engine.submit(request_id, prompt_ids, params, spec,
-                                         pool=pool_for(state, req.spec_pool, route), arm=arm,
-                                         affinity=req.spec_pool or prefix_affinity(prompt_ids),
-                                         cache_salt=cache_partition(raw.scope.get(TENANT, ""), req.cache_salt))
-        except QueueFull:                          # N replicas: every replica and the router's queue are full
-            raise queue_full(engine) from None
+        for i in range(choices):
+            child = params if i == 0 or params.seed is None else replace(params, seed=params.seed + i)
+            try:
+                handles.append(await engine.submit(request_id if i == 0 else f"{request_id}-{i}", prompt_ids, child,
+                                                   spec, pool=pool_for(state, req.spec_pool, route), arm=arm,
+                                                   affinity=req.spec_pool or prefix_affinity(prompt_ids),
+                                                   cache_salt=cache_partition(raw.scope.get(TENANT, ""),
+                                                                              req.cache_salt)))
+            except QueueFull:                      # N replicas: every replica and the router's queue are full
+                raise queue_full(engine) from None
     except BaseException:
-        engine.release_admission()
+        for h in handles:
+            h.abort()
+        for _ in range(choices - len(handles)):
+            engine.release_admission()
         raise
-    return handle, seed_scope(params, spec.method)
+    return Submitted(handles, seed_scope(params, spec.method), prompt_ids)

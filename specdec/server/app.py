@@ -1,5 +1,6 @@
 """The FastAPI app: OpenAI routes, errors in OpenAI's shape, auth, metrics, health, status, drain. A request's way in
-is admission.py, its way out (JSON or SSE) responses.py; the state they share, state.py."""
+is admission.py, its way out (JSON or SSE) responses.py (the Responses API's: responses_api.py); the state they
+share, state.py."""
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +19,7 @@ from ..errors import SpecDecError
 from .admission import admit_and_submit, check_lower_bound, check_model, completion_ids
 from .dashboard import KEEP, LiveSeries, page, read_sample, totals
 from .metrics import vllm_alias
-from .middleware import BearerAuth, HeaderGuard, RequestGuard
+from .middleware import TENANT, BearerAuth, HeaderGuard, RequestGuard
 from .protocol import (
     ROLES,
     APIError,
@@ -29,9 +30,20 @@ from .protocol import (
     TokenizePrompt,
     TokenizeRequest,
     error_body,
+    shown,
 )
 from .response_fields import now
 from .responses import respond
+from .responses_api import (
+    ITEM_TYPES,
+    ResponsesRequest,
+    ResponseStore,
+    Turn,
+    chat_request,
+    conversation_of,
+    not_found,
+    respond_turn,
+)
 from .state import ServerState
 from .tools import template_messages
 
@@ -57,6 +69,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specdec", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible server with speculative decoding")
     app.state.specdec = state
+    response_store = ResponseStore()              # past responses, for previous_response_id
 
     @app.exception_handler(APIError)
     async def _api_error(_, exc: APIError):
@@ -126,10 +139,8 @@ def create_app(state: ServerState) -> FastAPI:
         return {"object": "list", "data": [{"id": state.served_model_name, "object": "model", "created": now(),
                                             "owned_by": "specdec", "max_model_len": state.max_model_len}]}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest, raw: Request):
-        req.check_supported()
-        check_model(state, req.model)
+    def chat_encoder(req: ChatCompletionRequest, param: str = "messages"):
+        """The prompt ids of a chat request (its tools in the template), computed in a worker thread."""
         msgs = template_messages(req.messages)
         mode = req.tool_mode
         tools = mode.tools if mode is not None else None
@@ -138,21 +149,57 @@ def create_app(state: ServerState) -> FastAPI:
         def encode() -> list[int]:
             try:
                 text = tok.apply_chat_template(msgs, tools=tools)
-                check_lower_bound(state, req, tok.min_tokens(text), "messages")
+                check_lower_bound(state, req, tok.min_tokens(text), param)
                 return tok.encode_chat(msgs, rendered=text, tools=tools)
             except SpecDecError as exc:        # the template refuses these messages (e.g. role order)
-                raise APIError(400, str(exc), param="messages") from None
+                raise APIError(400, str(exc), param=param) from None
+        return encode
 
-        handle, scope = await admit_and_submit(state, req, encode, raw, "chat", "messages")
-        return await respond(state, req, handle, raw, chat=True, seed_scope=scope)
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, raw: Request):
+        req.check_supported()
+        check_model(state, req.model)
+        sub = await admit_and_submit(state, req, chat_encoder(req), raw, "chat", "messages")
+        return await respond(state, req, sub, raw, chat=True)
+
+    @app.post("/v1/responses")
+    async def responses_create(req: ResponsesRequest, raw: Request):
+        """OpenAI's Responses API, as the chat completion it means (responses_api.py)."""
+        check_model(state, req.model)
+        tenant = raw.scope.get(TENANT, "")
+        previous: list[dict] = []
+        if req.previous_response_id is not None:
+            found = response_store.get(tenant, req.previous_response_id)
+            if found is None:
+                raise not_found(req.previous_response_id)
+            previous = found[1]
+        conversation = conversation_of(req, previous)
+        chat = chat_request(req, conversation)
+        turn = Turn(req, state.served_model_name, conversation)
+        sub = await admit_and_submit(state, chat, chat_encoder(chat, "input"), raw, "responses", "input")
+        return await respond_turn(state, response_store, tenant, turn, chat, sub, raw)
+
+    @app.get("/v1/responses/{response_id}")
+    async def responses_get(response_id: str, raw: Request):
+        found = response_store.get(raw.scope.get(TENANT, ""), response_id)
+        if found is None:
+            raise APIError(404, f"Response with id '{shown(response_id)}' not found.", "invalid_request_error",
+                           param="response_id", code="response_not_found")
+        return found[0]
+
+    @app.delete("/v1/responses/{response_id}")
+    async def responses_delete(response_id: str, raw: Request):
+        if not response_store.delete(raw.scope.get(TENANT, ""), response_id):
+            raise APIError(404, f"Response with id '{shown(response_id)}' not found.", "invalid_request_error",
+                           param="response_id", code="response_not_found")
+        return {"id": response_id, "object": "response", "deleted": True}
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request):
         req.check_supported()
         check_model(state, req.model)
-        handle, scope = await admit_and_submit(state, req, lambda: completion_ids(state, req), raw,
-                                                "completions", "prompt")
-        return await respond(state, req, handle, raw, chat=False, seed_scope=scope)
+        sub = await admit_and_submit(state, req, lambda: completion_ids(state, req), raw, "completions", "prompt")
+        return await respond(state, req, sub, raw, chat=False, echo=req.echo)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
@@ -254,7 +301,8 @@ def _validation_body(errs: list[dict]) -> dict:
     raw = first.get("loc", ())
     # a message's role selects its schema (protocol.ChatMessage): pydantic puts the role in the location
     loc = [str(x) for i, x in enumerate(raw) if x != "body" and not (isinstance(x, str) and _TYPE_TAG.search(x))
-           and not (x in ROLES and i >= 2 and raw[i - 2] == "messages") and not (i == 1 and members)]
+           and not (x in ROLES and i >= 2 and raw[i - 2] == "messages") and not (i == 1 and members)
+           and not (x in ITEM_TYPES and "input" in raw[max(0, i - 3):i - 1])]   # a Responses input item's type
     if not loc and kind in ("model_attributes_type", "dict_type", "missing"):
         return error_body("the request body must be a JSON object")
     msg = first.get("msg", "invalid value")

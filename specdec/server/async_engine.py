@@ -176,6 +176,11 @@ class AsyncEngine:
         with self._lock:
             self._reserved -= 1
 
+    def admit_more(self, count: int) -> None:
+        """Places for an admitted request's other choices (n > 1): the request was admitted as a whole."""
+        with self._lock:
+            self._reserved += count
+
     async def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                      spec: SpeculativeConfig, pool: str = "default", arm: str = "spec",
                      affinity: str | None = None, cache_salt: str | None = None) -> RequestHandle:

@@ -45,6 +45,8 @@ class EngineClient(Protocol):
 
     def release_admission(self) -> None: ...
 
+    def admit_more(self, count: int) -> None: ...    # an admitted request's other choices (n): reserved as one
+
     def observe_rejected(self) -> None: ...
 
     async def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, spec: SpeculativeConfig,

@@ -59,6 +59,30 @@ INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1      # seed: the range of OpenAI'
 MAX_CACHE_SALT = 1024     # characters; vLLM suggests 43 (256 random bits, base64)
 
 
+# OpenAI fields refused with 400 (code unsupported_parameter, param: the field) unless they hold a harmless value:
+# route -> {field: (a value refused, the harmless value that passes)}. README's list is generated from it, and
+# tests/test_sampling_api.py sends every pair.
+REFUSED_FIELDS = {
+    "chat": {"functions": ([{"name": "f"}], []), "function_call": ("auto", "none"),
+             "audio": ({"voice": "alloy", "format": "wav"}, None), "modalities": (["text", "audio"], ["text"])},
+    "completions": {"functions": ([{"name": "f"}], []), "function_call": ("auto", "none"),
+                    "audio": ({"voice": "alloy", "format": "wav"}, None), "modalities": (["text", "audio"], ["text"]),
+                    "tools": ([{"type": "function", "function": {"name": "f"}}], None), "tool_choice": ("auto", "none"),
+                    "suffix": ("x", ""), "best_of": (2, 1)},
+}
+
+
+def refused_markdown() -> str:
+    """README's list of refused fields, by route, each with its harmless value."""
+    import json
+
+    lines = []
+    for route, fields in REFUSED_FIELDS.items():
+        cells = [f"`{name}` (passes: `{json.dumps(ok)}`)" for name, (_, ok) in fields.items()]
+        lines.append(f"- {'chat completions' if route == 'chat' else 'completions'}: {', '.join(cells)}")
+    return "\n".join(lines)
+
+
 def _unsupported(name: str, what: str | None = None) -> APIError:
     """`what`: the subject of "... not supported", with its verb ("logprobs are")."""
     return APIError(400, f"{what or name + ' is'} not supported by this server", param=name,
@@ -104,10 +128,14 @@ class _Sampling(BaseModel):
     stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=128)      # choices (OpenAI's bound), one prefill shared
     ignore_eos: bool = False
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    # penalties and bias (OpenAI's, and vLLM's repetition_penalty and min_tokens): exact under speculation
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, ge=0.01, le=100)
+    logit_bias: dict[str, float] | None = None      # token id (as a string) -> bias in [-100, 100]
+    min_tokens: int | None = Field(default=None, ge=0)
     logprobs: bool | int | None = None
     speculative: SpeculativeOverride | None = None
     spec_pool: Text | None = Field(default=None, min_length=1, max_length=64)   # acceptance pool tag (method auto)
@@ -122,19 +150,23 @@ class _Sampling(BaseModel):
     function_call: Any = None
     response_format: Any = None
     structured_outputs: dict[str, Any] | None = None     # vLLM's extension: {"json" | "regex" | "grammar" | ...}
-    logit_bias: dict[str, Any] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     prediction: Prediction | None = None
     audio: Any = None
     modalities: list[Any] | None = None
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.strip().isdigit():
+                raise ValueError(f"keys must be token ids written as strings (\"1234\"), got '{shown(key, 20)}'")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"values must be in [-100, 100], got {bias} for token {key}")
+        return value
+
     def check_supported(self) -> None:
         """Refuse what would change the answer and is not implemented (before admission: costs nothing)."""
-        if self.n != 1:
-            raise APIError(400, "only n=1 is supported", param="n", code="unsupported_parameter")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise APIError(400, f"{name} is not supported (only 0)", param=name, code="unsupported_parameter")
         self.logprobs_count()
         _ = self.tool_mode
         if self.functions:
@@ -142,8 +174,6 @@ class _Sampling(BaseModel):
         if self.function_call not in (None, "none"):
             raise _unsupported("function_call", "function calling (function_call other than 'none') is")
         _ = self.structured
-        if self.logit_bias:
-            raise _unsupported("logit_bias")
         if self.audio is not None:
             raise _unsupported("audio", "audio output is")
         if self.modalities is not None and self.modalities != ["text"]:
@@ -212,10 +242,18 @@ class _Sampling(BaseModel):
             raise APIError(400, "stop strings must be non-empty", param="stop")
         if len(stop) > 16:
             raise APIError(400, "at most 16 stop strings", param="stop")
+        if self.min_tokens and self.min_tokens > max_tokens:
+            raise APIError(400, f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({max_tokens})",
+                           param="min_tokens")
         return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
                               top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or -1,
                               min_p=self.min_p or 0.0, seed=self.seed, stop=stop, ignore_eos=self.ignore_eos,
-                              logprobs=self.logprobs_count(), structured_outputs=self.structured)
+                              logprobs=self.logprobs_count(), structured_outputs=self.structured,
+                              presence_penalty=self.presence_penalty or 0.0,
+                              frequency_penalty=self.frequency_penalty or 0.0,
+                              repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                              logit_bias={int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias
+                              else None, min_tokens=self.min_tokens or 0)
 
 
 class ToolFunction(BaseModel):
@@ -372,22 +410,31 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Text | list[Text] | list[int] = Field(min_length=1)
-    echo: bool = False
+    prompt: Text | list[Text] | list[int] | list[list[int]] = Field(min_length=1)   # a batch of one: as lm-eval
+    max_tokens: int | None = Field(default=None, ge=0)     # 0: with echo, the prompt alone (scoring it)
+    echo: bool = False              # the prompt before the completion, and with logprobs its tokens' logprobs
     suffix: str | None = None
     best_of: int | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
-            raise APIError(400, "echo is not supported", param="echo", code="unsupported_parameter")
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(400, "max_tokens must be >= 1 (0 only with echo: the prompt scored, nothing generated)",
+                           param="max_tokens")
         if self.suffix:
             raise _unsupported("suffix", "suffix (insertion) is")
         if self.best_of is not None and self.best_of != 1:
             raise _unsupported("best_of", "best_of other than 1 is")
 
     def requested_max_tokens(self) -> int | None:
-        return self.max_tokens
+        # max_tokens 0 (echo): the engine samples one token after the prompt, which the response leaves out
+        return None if self.max_tokens is None else max(1, self.max_tokens)
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        params = super().sampling_params(max_tokens)
+        if self.echo and params.logprobs is not None:
+            params.prompt_logprobs = params.logprobs
+        return params
 
     def logprobs_count(self) -> int | None:
         if self.top_logprobs:

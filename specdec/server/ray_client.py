@@ -147,6 +147,9 @@ class RayEngineClient:
     def release_admission(self) -> None:
         self._reserved -= 1
 
+    def admit_more(self, count: int) -> None:
+        self._reserved += count                      # an admitted request's other choices (n > 1)
+
     def observe_rejected(self) -> None:
         self.rejected.inc()
 
