@@ -81,6 +81,15 @@ def wants_draft_model(args: EngineArgs) -> bool:
     return (method.needs == "draft_model" or method.kind == "policy") and args.draft != "none"
 
 
+def resolve_quantization(args: EngineArgs) -> str:
+    """The target's weights as they will load: `args.quantization`, or when left out what the file and the device
+    call for (models.loader.default_quantization). The one place the default is decided: LLM, the CLI, the server
+    (which prints it before loading) and the benchmarks all ask here."""
+    if args.quantization is not None:
+        return args.quantization
+    return default_quantization(args.target, args.device, progress=args.progress)
+
+
 def load_models(args: EngineArgs) -> LoadedModels:
     """The target, the draft model (wants_draft_model) and the heads: the speculative method's when it needs one,
     and any others asked for in `args.heads` ({method: directory or None = shipped}), so that requests may pick
@@ -92,9 +101,7 @@ def load_models(args: EngineArgs) -> LoadedModels:
         if draft is None and get_method(spec.method).needs == "draft_model":
             raise SpecDecError(f"method '{spec.method}' needs a draft model for {args.target} ({arch}; the built-in "
                                f"draft is a Qwen2): pass --draft")
-    quantization = args.quantization
-    if quantization is None:        # left out: what the file and the device call for, in the CLI and LLM() alike
-        quantization = default_quantization(args.target, args.device, progress=args.progress)
+    quantization = resolve_quantization(args)
     target = load_model(args.target, dtype=args.dtype, device=args.device, progress=args.progress,
                         quantization=quantization)
     out = LoadedModels(target, quantization)

@@ -184,10 +184,6 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
     # hf-assisted uses the draft too, when one is loaded (method draft, or --draft given)
     declared = [get_method(base_method(m)) for m in cfg.methods]
     need_draft = any(m.needs == "draft_model" or m.kind == "policy" for m in declared) or cfg.draft is not None
-    if cfg.quantization is None:      # --quantization left out: what the target's file and the device call for
-        from ..models.loader import default_quantization
-
-        cfg.quantization = default_quantization(cfg.target or DEFAULT_TARGET, cfg.device)
     t0 = time.perf_counter()
     llm = LLM(target=cfg.target or DEFAULT_TARGET, draft=cfg.draft, dtype=cfg.dtype, device=cfg.device,
               max_model_len=cfg.max_model_len, num_threads=cfg.threads, progress=cfg.progress,
@@ -206,6 +202,7 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
         from ..policy import PolicyConfig
 
         llm.policy(PolicyConfig(k_max=max(cfg.ks)))          # measures (or reads) the cost model before timing
+    cfg.quantization = llm.quantization            # as resolved at load (reported in the results' config)
     load_s = time.perf_counter() - t0
     specs = {(m, k): cfg.spec(m, k) for m, k in cfg.configs()}
     prompt_ids = [llm.encode(p["messages"]) for p in prompts]

@@ -13,10 +13,11 @@ from ..errors import SpecDecError
 from ..policy.pools import rollout_arm
 from ..proposers.prediction import METHOD as PREDICTION
 from ..sampling.grammar import check_grammar
+from .api_errors import APIError, shown
 from .async_engine import QueueFull
 from .engine_client import RequestStream
 from .middleware import TENANT
-from .protocol import APIError, CompletionRequest, shown
+from .protocol import CompletionRequest
 from .response_fields import new_id, prefix_affinity, seed_scope
 from .state import OTHER_POOL, RETRY_AFTER_S, ServerState
 

@@ -17,26 +17,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import SpecDecError
 from .admission import admit_and_submit, check_lower_bound, check_model, completion_ids
+from .api_errors import APIError, error_body, shown
 from .dashboard import KEEP, LiveSeries, page, read_sample, totals
+from .messages import ROLES
 from .metrics import vllm_alias
 from .middleware import TENANT, BearerAuth, HeaderGuard, RequestGuard
-from .protocol import (
-    ROLES,
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeChat,
-    TokenizePrompt,
-    TokenizeRequest,
-    error_body,
-    shown,
-)
+from .protocol import ChatCompletionRequest, CompletionRequest
 from .response_fields import now
 from .responses import respond
 from .responses_api import (
-    ITEM_TYPES,
-    ResponsesRequest,
     ResponseStore,
     Turn,
     chat_request,
@@ -44,7 +33,9 @@ from .responses_api import (
     not_found,
     respond_turn,
 )
+from .responses_protocol import ITEM_TYPES, ResponsesRequest
 from .state import ServerState
+from .tokenize_protocol import DetokenizeRequest, TokenizeChat, TokenizePrompt, TokenizeRequest
 from .tools import template_messages
 
 __all__ = ["ServerState", "create_app", "drain"]

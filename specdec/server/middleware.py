@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from fastapi.responses import JSONResponse
 
-from .protocol import error_body, shown
+from .api_errors import error_body, shown
 
 TENANT = "specdec.tenant"      # the ASGI scope key BearerAuth sets: the tenant of the request's API key
 

@@ -1,4 +1,5 @@
-"""OpenAI request/response shapes (pydantic), plus specdec's extension fields.
+"""OpenAI's chat and completions request shapes (pydantic), plus specdec's extension fields (messages and tools:
+messages.py; the error shape: api_errors.py; /tokenize: tokenize_protocol.py).
 
 Requests are validated here and mapped onto `SamplingParams`; anything invalid becomes an `APIError` with
 OpenAI's error shape and a 4xx status. Unknown fields are ignored (as OpenAI clients send many), but the
@@ -8,53 +9,17 @@ logit_bias, ...) are declared and refused by `check_supported`, unless they hold
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..config import K_MAX, K_MIN, METHOD_TABLE, method_names
 from ..sampling.grammar import StructuredOutputs
 from ..sampling.logprobs import MAX_TOP_LOGPROBS
 from ..sampling_params import SamplingParams
+from .api_errors import APIError, Text, shown, unsupported
+from .messages import ChatMessage, NamedToolChoice, Prediction, Tool, ToolMode
 
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return error_body(self.message, self.type, self.param, self.code)
-
-
-def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
-    # message and param may quote the client's input (a field name it sent): keep them short and encodable
-    return {"error": {"message": shown(message, 2000), "type": type_, "param": None if param is None else shown(param),
-                      "code": code}}
-
-
-def shown(value: str, limit: int = 64) -> str:
-    """A client's string as echoed in an error message: short, and always encodable."""
-    if len(value) > limit:
-        value = f"{value[:limit]}... ({len(value)} characters)"
-    return value.encode("utf-8", "replace").decode("utf-8")
-
-
-def _valid_text(value: str) -> str:
-    # JSON allows "\ud800" on its own; it is no Unicode text, and tokenizers and UTF-8 encoders fail on it
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise PydanticCustomError("lone_surrogate", "contains a lone UTF-16 surrogate (such as \\ud800), "
-                                  "which is not valid Unicode text") from None
-    return value
-
-
-Text = Annotated[str, AfterValidator(_valid_text)]
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1      # seed: the range of OpenAI's and vLLM's int64 seed
 MAX_CACHE_SALT = 1024     # characters; vLLM suggests 43 (256 random bits, base64)
 
@@ -81,12 +46,6 @@ def refused_markdown() -> str:
         cells = [f"`{name}` (passes: `{json.dumps(ok)}`)" for name, (_, ok) in fields.items()]
         lines.append(f"- {'chat completions' if route == 'chat' else 'completions'}: {', '.join(cells)}")
     return "\n".join(lines)
-
-
-def _unsupported(name: str, what: str | None = None) -> APIError:
-    """`what`: the subject of "... not supported", with its verb ("logprobs are")."""
-    return APIError(400, f"{what or name + ' is'} not supported by this server", param=name,
-                    code="unsupported_parameter")
 
 
 def _method_enum(schema: dict) -> None:
@@ -170,23 +129,23 @@ class _Sampling(BaseModel):
         self.logprobs_count()
         _ = self.tool_mode
         if self.functions:
-            raise _unsupported("functions", "function calling (functions) is")
+            raise unsupported("functions", "function calling (functions) is")
         if self.function_call not in (None, "none"):
-            raise _unsupported("function_call", "function calling (function_call other than 'none') is")
+            raise unsupported("function_call", "function calling (function_call other than 'none') is")
         _ = self.structured
         if self.audio is not None:
-            raise _unsupported("audio", "audio output is")
+            raise unsupported("audio", "audio output is")
         if self.modalities is not None and self.modalities != ["text"]:
-            raise _unsupported("modalities", "modalities other than [\"text\"] are")
+            raise unsupported("modalities", "modalities other than [\"text\"] are")
 
     @functools.cached_property
     def tool_mode(self) -> ToolMode | None:
         """What the request's tools ask (computed once; errors are raised on every access). Completions take no
         tools: chat completions override this."""
         if self.tools:
-            raise _unsupported("tools", "tool calling (tools) is")
+            raise unsupported("tools", "tool calling (tools) is")
         if self.tool_choice not in (None, "none"):
-            raise _unsupported("tool_choice", "tool calling (tool_choice other than 'none') is")
+            raise unsupported("tool_choice", "tool calling (tool_choice other than 'none') is")
         return None
 
     @functools.cached_property
@@ -256,118 +215,6 @@ class _Sampling(BaseModel):
                               else None, min_tokens=self.min_tokens or 0)
 
 
-class ToolFunction(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
-    description: Text | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class Tool(BaseModel):
-    type: Literal["function"]
-    function: ToolFunction
-
-
-class NamedFunction(BaseModel):
-    name: str
-
-
-class NamedToolChoice(BaseModel):
-    type: Literal["function"]
-    function: NamedFunction
-
-
-class CalledFunction(BaseModel):
-    name: str
-    arguments: str | dict[str, Any]
-
-
-class ToolCallIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: CalledFunction
-
-
-class ToolMode:
-    """What a chat request's tools ask: the tools for the template, whether to parse calls, what is forced."""
-    def __init__(self, tools: list[dict], choice: str, name: str | None):
-        self.tools, self.choice, self.name = tools, choice, name
-
-    @property
-    def forced(self) -> bool:
-        return self.choice in ("required", "named")
-
-
-class ContentPart(BaseModel):
-    type: Literal["text"]
-    text: Text
-
-
-class Prediction(BaseModel):
-    """OpenAI's Predicted Outputs: `{"type": "content", "content": "..."}` (or text parts), the text the client
-    expects back; drafted by method predicted_outputs (proposers/prediction.py)."""
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["content"]
-    content: Text | list[ContentPart]
-
-    @property
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
-_NON_TEXT_PARTS = {"image_url": "image", "input_image": "image", "image": "image", "input_audio": "audio",
-                   "audio": "audio", "file": "file", "input_file": "file", "video_url": "video"}
-
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    content: Text | list[ContentPart] | None = None
-    tool_calls: list[ToolCallIn] | None = None       # an assistant turn's calls
-    tool_call_id: str | None = None                  # a tool result: the call it answers
-    name: str | None = None
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_parts_only(cls, value):
-        # before the union is tried: otherwise an image part reads "Input should be a valid string"
-        if isinstance(value, list):
-            for part in value:
-                kind = part.get("type") if isinstance(part, dict) else None
-                if isinstance(kind, str) and kind != "text":
-                    what = _NON_TEXT_PARTS.get(kind)
-                    if what:
-                        raise PydanticCustomError("unsupported_content", f"{what} input is not supported "
-                                                  "(this server's model reads text only)")
-                    raise PydanticCustomError("unsupported_content", "content part type '{kind}' is not supported "
-                                              "(only 'text')", {"kind": shown(kind, 40)})
-        return value
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
-
-
-class AssistantMessage(_Message):
-    """An assistant turn: its content may be left out (or null) when it carries tool_calls (OpenAI's rule)."""
-    role: Literal["assistant"]
-
-
-class TextMessage(_Message):
-    """A system, developer, user or tool turn: content is required (OpenAI answers 400 without it)."""
-    role: Literal["system", "user", "developer", "tool"]
-    content: Text | list[ContentPart]
-
-
-# one schema per role, so that /openapi.json (and what is generated from it) says which roles need content
-ChatMessage = Annotated[AssistantMessage | TextMessage, Field(discriminator="role")]
-ROLES = ("system", "user", "assistant", "developer", "tool")
-
-
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -422,9 +269,9 @@ class CompletionRequest(_Sampling):
             raise APIError(400, "max_tokens must be >= 1 (0 only with echo: the prompt scored, nothing generated)",
                            param="max_tokens")
         if self.suffix:
-            raise _unsupported("suffix", "suffix (insertion) is")
+            raise unsupported("suffix", "suffix (insertion) is")
         if self.best_of is not None and self.best_of != 1:
-            raise _unsupported("best_of", "best_of other than 1 is")
+            raise unsupported("best_of", "best_of other than 1 is")
 
     def requested_max_tokens(self) -> int | None:
         # max_tokens 0 (echo): the engine samples one token after the prompt, which the response leaves out
@@ -448,34 +295,3 @@ class CompletionRequest(_Sampling):
         return self.logprobs
 
 
-class _Tokenize(BaseModel):
-    model_config = ConfigDict(extra="forbid")      # one of the shapes below exactly: a prompt and messages is a 400
-    model: str | None = None
-    add_special_tokens: bool = True                # vLLM's: BOS where the model wants one (a prompt only)
-    add_special: bool = True                       # llama-server's name for it
-    return_token_strs: bool = False                # vLLM's: each token's text beside its id
-    with_pieces: bool = False                      # llama-server's: tokens as {id, piece}
-
-
-class TokenizePrompt(_Tokenize):
-    prompt: Text
-
-
-class TokenizeContent(_Tokenize):                  # llama-server's name for the prompt
-    content: Text
-
-
-class TokenizeChat(_Tokenize):
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[Tool] | None = None
-    add_generation_prompt: bool = True
-
-
-# POST /tokenize, in vLLM's shapes (a prompt, or messages through the chat template) and llama-server's (content)
-TokenizeRequest = TokenizePrompt | TokenizeChat | TokenizeContent
-
-
-class DetokenizeRequest(BaseModel):
-    """POST /detokenize: vLLM's and llama-server's `tokens` -> text."""
-    model: str | None = None
-    tokens: list[int] = Field(min_length=0)

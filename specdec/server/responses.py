@@ -11,9 +11,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .admission import Submitted
+from .api_errors import APIError, error_body
 from .async_engine import RequestAborted
 from .engine_client import RequestStream
-from .protocol import APIError, error_body
 from .response_fields import completion_logprobs, logprobs_content, new_id, now, speculative_stats, usage
 from .state import ServerState
 from .tools import ToolStream, parse_tool_calls

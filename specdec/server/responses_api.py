@@ -15,18 +15,19 @@ import json
 import threading
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import ValidationError
 
 from .admission import Submitted
+from .api_errors import APIError, error_body, shown
 from .async_engine import RequestAborted
-from .protocol import APIError, ChatCompletionRequest, Text, error_body, shown
+from .protocol import ChatCompletionRequest
 from .response_fields import speculative_stats
 from .responses import CUT_MESSAGE, collect
+from .responses_protocol import FunctionCallItem, MessageItem, ResponsesRequest
 from .tools import ToolStream, parse_tool_calls
 
 STORE_MAX = 1000              # responses kept for previous_response_id (the oldest go first)
@@ -35,102 +36,6 @@ STORE_TTL_S = 3600.0          # ... and for at most this long
 PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "logit_bias", "min_tokens", "speculative", "spec_pool", "cache_salt", "ignore_eos")
 RENAMED = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens"}
-
-
-class InputText(BaseModel):
-    type: Literal["input_text", "output_text", "text"]
-    text: Text
-
-
-class MessageItem(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: Text | list[InputText]
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_parts_only(cls, value):
-        for part in value if isinstance(value, list) else ():
-            kind = part.get("type") if isinstance(part, dict) else None
-            if isinstance(kind, str) and kind not in ("input_text", "output_text", "text"):
-                raise PydanticCustomError("unsupported_content", "content part type '{kind}' is not supported "
-                                          "(this server's model reads text: input_text)", {"kind": shown(kind, 40)})
-        return value
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
-class FunctionCallItem(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["function_call"]
-    call_id: str
-    name: str
-    arguments: str
-
-
-class FunctionCallOutputItem(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["function_call_output"]
-    call_id: str
-    output: Text
-
-
-class FunctionTool(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["function"]
-    name: str
-    description: Text | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class NamedFunction(BaseModel):
-    type: Literal["function"]
-    name: str
-
-
-class TextFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["text", "json_object", "json_schema"]
-    name: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-
-class TextConfig(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    format: TextFormat | None = None
-
-
-ITEM_TYPES = ("message", "function_call", "function_call_output")
-InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")]
-
-
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")          # chat's sampling fields pass through (PASSED)
-    model: Text | None = None
-    input: Text | list[InputItem] = Field(min_length=1)
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _typed(cls, value):
-        # an item without a type is a message (EasyInputMessage): said so before the union picks a member
-        if isinstance(value, list):
-            return [{"type": "message", **v} if isinstance(v, dict) and "type" not in v else v for v in value]
-        return value
-    instructions: Text | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
-    text: TextConfig | None = None
-    stream: bool = False
-    store: bool = True
-    previous_response_id: str | None = None
-    metadata: dict[str, str] | None = None
-    parallel_tool_calls: bool | None = None
-    user: str | None = None
 
 
 class ResponseStore:

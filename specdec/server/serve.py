@@ -11,10 +11,11 @@ from .launch import build_engine, check_server_args, example_key, examples, serv
 
 def run_server(args) -> int:
     engine_args = check_server_args(args)
-    if engine_args.quantization is None:       # after the checks: this may assemble the built-in model
-        from ..models.loader import default_quantization
+    from ..loading import resolve_quantization
 
-        engine_args.quantization = args.quantization = default_quantization(args.target, args.device)
+    # resolved here (after the checks: this may assemble the built-in model) to print it, and so that every Ray
+    # replica loads the same weights
+    engine_args.quantization = args.quantization = resolve_quantization(engine_args)
     args.engine_args = engine_args             # built once; the engine (or each Ray replica) gets this one
     if args.replicas is not None or args.ray_address or args.autoscaling_config:
         from .ray_serve import run_ray_server
