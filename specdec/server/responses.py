@@ -76,27 +76,9 @@ async def respond(state: ServerState, req, sub: Submitted, raw: Request, chat: b
         return StreamingResponse(stream(handles, rid, created, model, chat, include_usage, seed_scope,
                                          tok if want_lp else None, names if tool_calls else None, predicted, ech),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache", **where})
-    task = asyncio.ensure_future(asyncio.gather(*(collect(h) for h in handles)))
-    try:
-        while True:                                # a client that goes away aborts its request
-            done, _ = await asyncio.wait({task}, timeout=0.2)
-            if done:
-                break
-            if await raw.is_disconnected():
-                for h in handles:
-                    h.abort()
-                task.cancel()
-                return Response(status_code=499)
-        results = task.result()
-    except RequestAborted:
-        raise APIError(503, CUT_MESSAGE, "server_error", code="server_shutting_down") from None
-    except APIError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - engine error for this request only
-        raise APIError(500, f"generation failed: {type(exc).__name__}: {exc}", "internal_error") from None
-    finally:
-        for h in handles:
-            h.abort()                              # no-op when finished
+    results = await collect_all(handles, raw)
+    if results is None:
+        return Response(status_code=499)
     choices = []
     for index, (text, final, lps, prompt_lps) in enumerate(results):
         logprobs = None
@@ -133,6 +115,29 @@ def usage_of(stats: list, predicted: bool = False, scored_only: bool = False) ->
             out["completion_tokens_details"] = {k: sum(usage(s, True)["completion_tokens_details"][k] for s in stats)
                                                 for k in out["completion_tokens_details"]}
     return out
+
+
+async def collect_all(handles: list[RequestStream], raw: Request) -> list | None:
+    """Every choice's (text, final delta, logprobs, prompt logprobs), or None when the client went away (its
+    requests aborted). An engine error is that request's 500; a drain's cut a 503."""
+    task = asyncio.ensure_future(asyncio.gather(*(collect(h) for h in handles)))
+    try:
+        while True:                                # a client that goes away aborts its request
+            done, _ = await asyncio.wait({task}, timeout=0.2)
+            if done:
+                return task.result()
+            if await raw.is_disconnected():
+                task.cancel()
+                return None
+    except RequestAborted:
+        raise APIError(503, CUT_MESSAGE, "server_error", code="server_shutting_down") from None
+    except APIError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - engine error for this request only
+        raise APIError(500, f"generation failed: {type(exc).__name__}: {exc}", "internal_error") from None
+    finally:
+        for h in handles:
+            h.abort()                              # no-op when finished
 
 
 async def collect(handle: RequestStream):

@@ -9,7 +9,6 @@ age); its next prompt extends the last one, so the prefix cache serves it as it 
 """
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 import threading
@@ -26,7 +25,7 @@ from .api_errors import APIError, error_body, shown
 from .async_engine import RequestAborted
 from .protocol import ChatCompletionRequest
 from .response_fields import speculative_stats
-from .responses import CUT_MESSAGE, collect
+from .responses import CUT_MESSAGE, collect_all
 from .responses_protocol import FunctionCallItem, MessageItem, ResponsesRequest
 from .tools import ToolStream, parse_tool_calls
 
@@ -208,25 +207,10 @@ async def respond_turn(state, store: ResponseStore, tenant: str, turn: Turn, cha
     if turn.req.stream:
         return StreamingResponse(_events(store, tenant, turn, handle, names, sub.seed_scope),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    task = asyncio.ensure_future(collect(handle))
-    try:
-        while True:                                # a client that goes away aborts its request
-            done, _ = await asyncio.wait({task}, timeout=0.2)
-            if done:
-                break
-            if await raw.is_disconnected():
-                handle.abort()
-                task.cancel()
-                return Response(status_code=499)
-        text, final, _, _ = task.result()
-    except RequestAborted:
-        raise APIError(503, CUT_MESSAGE, "server_error", code="server_shutting_down") from None
-    except APIError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - engine error for this request only
-        raise APIError(500, f"generation failed: {type(exc).__name__}: {exc}", "internal_error") from None
-    finally:
-        handle.abort()
+    results = await collect_all([handle], raw)
+    if results is None:
+        return Response(status_code=499)
+    text, final, _, _ = results[0]
     output = output_items(text, names)
     body = turn.frame("completed", output, final.stats, final.finish_reason, sub.seed_scope)
     if turn.req.store:
