@@ -75,7 +75,7 @@ def test_greedy_alone_equals_inside_a_mixed_batch(pair):
     assert max(s.num_seqs for s in steps) >= 8          # they really shared forwards
     assert any(s.num_draft_tokens > 0 and s.num_seqs > 1 for s in steps)
     drafted = {s.request_id: s.stats.draft_tokens for s in seqs}
-    assert drafted["g2"] > 0 and drafted["g1"] >= 0 and drafted["g0"] == 0
+    assert drafted["g2"] > 0 and drafted["g0"] == 0       # the draft drafted, plain decoding did not
     while engine.has_unfinished():                       # the sampled neighbours finish too
         assert all(o.error is None for o in engine.step())
     assert engine.kv.allocated == engine.kv.prefix.capacity and engine.proposers["draft"].kv.allocated == 0

@@ -239,3 +239,21 @@ def test_sustained_load_mix_against_a_small_server(tiny_dirs, tmp_path, capsys):
     assert s["replayed"] >= 3 and s["replayed_identical"] == s["replayed"]
     assert s["incomplete"] == 0 and s["rss_mb"]["start"] > 0 and s["ttft_s"]["p50"] <= s["ttft_s"]["p99"]
     assert "greedy answers replayed alone" in (out / "report.md").read_text()
+
+
+def test_the_idle_gate_waits_for_a_quiet_window(monkeypatch):
+    """wait_until_idle asks for windows until one shows at most max_busy of the CPUs busy (None: the load cannot be
+    read, so nothing is waited for)."""
+    from specdec.bench import idle
+
+    real = idle.busy_fraction(0.05)
+    assert real is None or 0.0 <= real <= 1.0               # a share of the CPUs, read from /proc/stat
+    seen = iter([0.9, 0.6, 0.05, 0.9])
+    calls = []
+    monkeypatch.setattr(idle, "busy_fraction", lambda window_s: calls.append(window_s) or next(seen))
+    idle.wait_until_idle(0.1, timeout_s=60, window_s=0.01)
+    assert len(calls) == 3                                   # two busy windows, then a quiet one
+    calls.clear()
+    monkeypatch.setattr(idle, "busy_fraction", lambda window_s: calls.append(window_s))
+    idle.wait_until_idle(0.1, timeout_s=60)
+    assert len(calls) == 1

@@ -653,7 +653,9 @@ def test_bench_heads_times_each_head_per_scheme(tiny_dirs, heads):
     r = measure(llm, {"eagle3": str(heads["dir"] / "e3"), "medusa": str(heads["dir"] / "med")}, ["none", "int8"],
                 context=16, rounds=1, repeats=1)
     assert set(r["heads"]) == {(m, q) for m in ("eagle3", "medusa") for q in ("none", "int8")}
-    assert r["target_s"] > 0 and all(first > 0 and further >= 0 for first, further in r["heads"].values())
+    assert r["target_s"] > 0 and all(first > 0 for first, _ in r["heads"].values())
+    # an EAGLE-3 head runs again for each further token; Medusa's heads all ran in the first
+    assert all(further > 0 for (m, _), (_, further) in r["heads"].items() if m == "eagle3")
     assert {q for (_, q), run in r["packed"].items() if run == q} == {"none", "int8"}
 
 

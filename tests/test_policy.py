@@ -338,8 +338,7 @@ def test_auto_runs_a_learned_head_with_parity(tiny_dirs, tmp_path, monkeypatch):
     llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
               progress=False, speculative=SpeculativeConfig(method="auto"), heads={"eagle3": str(tmp_path / "e3")})
     measured = llm.cost_model(4)
-    assert set(measured.heads) == {"eagle3"} and all(x >= 0 for x in measured.heads["eagle3"])
-    assert measured.heads["eagle3"][0] > 0
+    assert set(measured.heads) == {"eagle3"} and all(x > 0 for x in measured.heads["eagle3"])
     cost = CostModel(draft_step=1.0, verify=[1.0] * 9, heads={"eagle3": [0.05, 0.05]})
     llm.policy(PolicyConfig(prior_alpha={"eagle3": 0.7, "ngram": 0.0}, min_acceptance=0.0), cost,
                available=("ngram", "eagle3"))      # a random head: the pool must not fall back mid-test

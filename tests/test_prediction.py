@@ -94,7 +94,10 @@ def test_the_server_takes_a_prediction_and_reports_its_tokens(llm):
         details = got["usage"]["completion_tokens_details"]
         # the random model's text holds broken UTF-8, so re-encoding it does not give back every token; the engine
         # test above checks near-total acceptance of an exact token-level prediction
-        assert details["accepted_prediction_tokens"] > 4 and details["rejected_prediction_tokens"] >= 0, details
+        assert details["accepted_prediction_tokens"] > 4, details
+        # every predicted token verified is either accepted or rejected
+        spec = got["speculative"]
+        assert details["accepted_prediction_tokens"] + details["rejected_prediction_tokens"] == spec["draft_tokens"]
         parts = ask(prediction={"type": "content", "content": [{"type": "text", "text": text[:20]},
                                                                 {"type": "text", "text": text[20:]}]})
         assert parts["choices"][0]["message"]["content"] == text
@@ -123,12 +126,10 @@ def test_bench_serve_sends_predictions_to_the_labelled_endpoint_only(llm, tmp_pa
     import json
 
     from specdec.bench.edits import load_edits
-    from specdec.bench.idle import busy_fraction, wait_until_idle
     from specdec.cli import main
 
     edits = load_edits(2)
     assert len(edits) == 2 and all(e["prediction"].startswith("```python\n") for e in edits)
-    assert 0.0 <= busy_fraction(0.05) <= 1.0 and wait_until_idle(1.0, timeout_s=5) < 5
     data = tmp_path / "edits.jsonl"
     data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"def f{i}(a):\n    return a"}],
                                           "category": "code-edit", "prediction": f"def f{i}(a):\n    return a"})
@@ -146,6 +147,6 @@ def test_bench_serve_sends_predictions_to_the_labelled_endpoint_only(llm, tmp_pa
     rows = {r["endpoint"]: r for r in result["summary"]}
     assert rows["predicted"]["identical_to_first"] == 1.0 and rows["predicted"]["errors"] == 0
     assert rows["predicted"]["identical_to"] == {"plain": 1.0} and rows["plain"]["identical_to"] == {"predicted": 1.0}
-    assert result["config"]["idle_wait_s"] >= 0
+    assert isinstance(result["config"]["idle_wait_s"], float)     # the gate ran (bench/idle.py: test_bench.py)
     assert main(["bench", "serve", "--endpoint", "http://127.0.0.1:9", "--prediction", "nope"]) == 1
     assert "--prediction 'nope' is not an endpoint label" in capsys.readouterr().err

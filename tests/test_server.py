@@ -298,7 +298,6 @@ def test_burst_beyond_queue_gets_429(solo_llm):
             async with httpx.AsyncClient(timeout=120) as c:
                 return await asyncio.gather(*[c.post(url + "/v1/chat/completions", json=body) for _ in range(30)])
 
-        t0 = time.perf_counter()
         rs = asyncio.run(burst())
         codes = [r.status_code for r in rs]
         assert set(codes) <= {200, 429} and codes.count(429) >= 20 and codes.count(200) >= 3
@@ -307,7 +306,6 @@ def test_burst_beyond_queue_gets_429(solo_llm):
                 assert r.headers["retry-after"] and r.json()["error"]["type"] == "rate_limit_error"
             else:
                 assert r.json()["choices"][0]["message"]["content"] == solo
-        assert time.perf_counter() - t0 < 60
         assert _metric(url, "specdec:request_rejected_total") == codes.count(429)
 
 

@@ -190,8 +190,10 @@ def test_encode_releases_the_gil(tiny_dirs):
     encoder = threading.Thread(target=lambda: (tok.encode(text), done.set()))
     encoder.start()
     encoder.join()
+    encode_s = time.perf_counter() - t0
     loop_thread.join()
-    assert gaps[0] < HEALTH_BOUND_S, f"the other thread stalled {gaps[0]:.2f} s of {time.perf_counter() - t0:.2f} s"
+    # relative, not a wall-clock bound: a tokenizer holding the GIL stalls the other thread for the whole encode
+    assert gaps[0] < 0.5 * encode_s, f"the other thread stalled {gaps[0]:.2f} s of {encode_s:.2f} s"
 
 
 @pytest.mark.parametrize("text", ["word " * 50, "你好，世界！ 🙂" * 20, "def add(a, b):\n    return a + b\n" * 9,
