@@ -71,7 +71,8 @@ def _greedy(max_tokens=40, **kw):
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_greedy_parity_every_proposer(tiny_models, k):
+def test_greedy_parity_of_the_draft_and_lookup_at_each_k(tiny_models, k):
+    """k = 1, 3, 5 and the all-accepted path (every declared method: test_methods.py)."""
     target, draft = tiny_models
     ids = _ids(target)
     base = run(_engine(target), ids, _greedy())

@@ -177,3 +177,43 @@ def test_readme_method_table_is_the_generated_one():
 def test_public_api_exports_what_a_plugin_needs():
     for name in ("Method", "Proposer", "BuildContext", "register_method"):
         assert hasattr(specdec, name)
+
+
+def test_every_declared_method_keeps_greedy_parity(tiny_dirs, tiny_models, tmp_path):
+    """Every method in the method table, as a request names it, gives plain decoding's greedy tokens: the draft
+    models (the tiny draft; cross_vocab with one of another vocabulary), random learned heads of each kind, the
+    lookups, suffix decoding, a prediction with wrong tokens in it, and the policy."""
+    from test_heads import _eagle1, _eagle3, _medusa
+
+    from specdec import LLM, SamplingParams
+    from specdec.config import METHOD_TABLE
+    from specdec.models.heads import save_head, target_fingerprint
+
+    target, _ = tiny_models
+    fingerprint = {"specdec_target_fingerprint": target_fingerprint(target.model)}
+    heads = {"eagle3": _eagle3(target.model), "medusa": _medusa(target.model, truncated=150),
+             "eagle": _eagle1(target.model)}
+    for method, head in heads.items():
+        save_head(head, method, tmp_path / method, fingerprint)
+    common = dict(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
+    main = LLM(draft=str(tiny_dirs["draft"]), speculative="auto", heads={m: str(tmp_path / m) for m in heads},
+               **common)
+    other = LLM(draft=str(tiny_dirs["other_vocab"]), speculative="cross_vocab", **common)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
+    plain = main.generate(prompt, params, spec="none")[0].token_ids
+    wrong = list(plain)
+    wrong[5:8] = [t + 1 for t in wrong[5:8]]                 # a prediction that is right, then wrong, then right
+    tested = {}
+    for name, method in METHOD_TABLE.items():
+        llm = other if method.needs == "draft_model" and name == "cross_vocab" else main
+        if method.kind in ("plain", "policy"):
+            spec = name
+        else:
+            spec = SpeculativeConfig(method=name, num_speculative_tokens=3,
+                                     prediction=wrong if name == "predicted_outputs" else None)
+        out = llm.generate(prompt, params, spec=spec)[0]
+        tested[name] = out.token_ids == plain
+        if name not in ("none", "auto"):
+            assert out.stats.draft_tokens > 0, name           # it really drafted
+    assert tested == {name: True for name in METHOD_TABLE}
