@@ -3,8 +3,8 @@ drives this one object.
 
 One step, one object per stage:
 1. schedule (`Scheduler`, scheduler.py): which sequences decode, which prompt chunks run;
-2. propose (`self.proposers`, one per loaded method, proposers/registry.py): each decoding sequence's draft, by its
-   own method and k, or by what method auto's step controller picks; a proposer drafts for all its sequences at once;
+2. propose (`Drafting`, drafting.py, over `self.proposers`, one per loaded method): each decoding sequence's draft,
+   by its own method and k, or by what method auto's step controller picks; a proposer drafts for its sequences at once;
 3. execute (`ModelRunner`, model_runner.py): one target forward over every row of every sequence;
 4. verify (`verify_step`, sampling/verifier.py): greedy and sampled sequences, chains and trees, grammar masks;
 5. commit (`Committer`, commit.py): cache truncation, stop conditions, stats, the proposers told what happened; a
@@ -14,32 +14,28 @@ the batch (see models/packed_linear.py and models/attn_metadata.py).
 """
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable
 
 import torch
 
-from ..config import AUTO, SpeculativeConfig, get_method, lookup_method
+from ..config import SpeculativeConfig, get_method
 from ..errors import SpecDecError
 from ..models.kv_manager import KVManager
 from ..models.prefix_cache import PrefixCache, salt_key
-from ..policy.cost_model import StepBudget
-from ..policy.decide import Decision, RequestFeatures, prior_alpha
-from ..proposers.base import Draft, ProposalContext, Proposer, empty_draft, tree_allowed
+from ..proposers.base import Proposer, empty_draft
 from ..proposers.registry import build_proposers
 from ..sampling.logprobs import token_logprobs
 from ..sampling.penalties import Penalties, wants_penalties
 from ..sampling.verifier import Verification, verify_step
 from ..sampling_params import SamplingParams
-from .commit import FORCED, Committer, Plan, StepTimes
+from .commit import Committer, StepTimes
+from .drafting import Drafting
 from .model_runner import ModelRunner
 from .output import StepInfo, StepOutput, StreamDelta
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Sequence, SpecState
-
-READ_BACK = 16         # tokens before a prompt chunk handed to proposers that read prompts (see _read_prompts)
 
 
 class LLMEngine:
@@ -60,17 +56,13 @@ class LLMEngine:
                             PrefixCache() if enable_prefix_caching else None)
         self.runner = ModelRunner(model, self.kv)
         self.scheduler = Scheduler(self.sched_cfg, self.kv, self.runner.exact_rows)
-        self.committer = Committer(self.kv, self.vocab_size, self._uses, self._reader)
         # one proposer per loaded method ({method: Proposer}); learned heads ({method: nn.Module} given) read the
         # target's hidden states from the step's own forward; draft_tokenizer: a draft with another vocabulary
         self.proposers: dict[str, Proposer] = build_proposers(model, self.vocab_size, self.sched_cfg.max_total_tokens,
                                                               self.sched_cfg.max_num_batched_tokens, draft_model, heads,
                                                               tokenizer, draft_tokenizer)
-        # row_cost(n, context=c): V(n) after c tokens, a target forward over n rows relative to one (the cost
-        # model's): sizes learned heads' token trees; None keeps num_speculative_tokens nodes
-        self.row_cost = row_cost
-        self._policy_factory = policy_factory
-        self._policy = None
+        self.drafting = Drafting(self.proposers, policy_factory, row_cost)
+        self.committer = Committer(self.kv, self.vocab_size, self.drafting.uses, self.drafting.reader)
         self.seqs: dict[str, Sequence] = {}
         self.last_step = StepInfo()
         self._stepping = threading.Lock()
@@ -78,12 +70,15 @@ class LLMEngine:
     # -- requests ---------------------------------------------------------------------------------------------
     @property
     def policy(self):
-        """The speculation policy of method auto (built on first use: it measures or reads the cost model)."""
-        if self._policy is None:
-            if self._policy_factory is None:
-                raise SpecDecError(f"method '{AUTO}' needs a speculation policy; this engine was built without one")
-            self._policy = self._policy_factory()
-        return self._policy
+        """The speculation policy of method auto (built on first use)."""
+        return self.drafting.policy
+
+    @property
+    def row_cost(self):
+        return self.drafting.row_cost
+
+    def runs(self, name: str) -> bool:
+        return self.drafting.runs(name)
 
     @property
     def num_running(self) -> int:
@@ -140,13 +135,10 @@ class LLMEngine:
                 raise SpecDecError(f"logit_bias: token id {max(params.logit_bias)} is not in the vocabulary "
                                    f"(ids 0..{self.vocab_size - 1})")
             seq.penalties = Penalties(params, seq.prompt_ids, seq.output_ids, self.eos_ids)
-        if method.kind == "policy":
-            self._decide(seq)
-        elif method.combines:
-            self._combine(seq, method)
+        self.drafting.assign(seq, self.num_running + self.num_waiting)
         # a learned head reads the target's hidden states at every prompt position, which an entry does not keep: an
         # EAGLE head's own cache rows stand for them, so a hit reaches no further than those
-        reader = self._reader(seq)
+        reader = self.drafting.reader(seq)
         # prompt logprobs come from the prefill's rows: every prompt token is computed, none reused
         seq.reuse_prefix = self.kv.prefix is not None and params.prompt_logprobs is None
         if params.prompt_logprobs is not None:
@@ -155,59 +147,6 @@ class LLMEngine:
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
         return seq
-
-    def _decide(self, seq: Sequence) -> None:
-        """Method auto: the policy picks a method (or plain decoding) and k for this request (pool and load
-        aware)."""
-        policy, p, sp = self.policy, seq.params, seq.spec
-        load = self.num_running + self.num_waiting
-        d = policy.decide(seq.request_id, sp.pool, RequestFeatures(p.temperature, p.top_p, p.max_tokens, load,
-                                                                   len(seq.prompt_ids)))
-        sp.decision = d
-        seq.stats.method, seq.stats.num_speculative_tokens, seq.stats.policy_reason = d.method, d.k, d.reason
-        chosen = get_method(d.method)
-        if chosen.kind == "plain":
-            sp.method, sp.k = d.method, 0
-        elif chosen.free and d.method != lookup_method():
-            # a cache (suffix decoding) outdraws the others where it was chosen: it runs alone
-            sp.method, sp.k = d.method, d.k
-        else:   # the draft (when chosen) and the longest lookup match side by side; the controller picks per step
-            sp.k = policy.cfg.k_max
-            free = [m for m in policy.available if get_method(m).free]
-            sp.controller = policy.controller(d, sp.pool, p.temperature, len(seq.prompt_ids),
-                                              self._longest_match(seq, free))
-
-    def runs(self, name: str) -> bool:
-        """Whether this engine can draft with a method: its proposer is loaded (for a combining method, its model
-        proposer's)."""
-        method = get_method(name)
-        return (method.combines[0] if method.combines else name) in self.proposers
-
-    def _combine(self, seq: Sequence, method) -> None:
-        """A combining method (hybrid): the step controller runs its model proposer with the request's k and, each
-        step, weighs the longest match of its free proposers against it (auto's per-step machinery, without a
-        per-request decision)."""
-        sp, p = seq.spec, seq.params
-        model, *free = method.combines
-        sp.k = sp.k or method.default_k
-        alpha = prior_alpha(model, p.temperature, self.policy.cfg)
-        decision = Decision(model, sp.k, 1.0, f"{method.name}: {model} or the longest match per step", alpha)
-        sp.controller = self.policy.controller(decision, sp.pool, p.temperature, len(seq.prompt_ids),
-                                               self._longest_match(seq, free))
-
-    def _longest_match(self, seq: Sequence, methods: list[str]):
-        """The step controller's guesser: the longest match among these free proposers' (prompt lookup, suffix
-        decoding), as (match length, tokens); None when none is loaded."""
-        finders = [self.proposers[m] for m in methods if m in self.proposers]
-        if not finders:
-            return None
-        sp, p = seq.spec, seq.params
-
-        def longest(ids, room, constraint):
-            ctx = ProposalContext(seq.seq_id, ids, p, None, constraint, prompt_lookup_max=sp.prompt_lookup_max,
-                                  prompt_lookup_min=sp.prompt_lookup_min, pool=seq.corpus)
-            return max((f.match(ctx, room) for f in finders), key=lambda m: (m[0], len(m[1])))
-        return longest
 
     def abort(self, request_id: str) -> Sequence | None:
         """Stop a request now: its KV and draft state are freed before the next step (or kept as a prefix entry).
@@ -234,7 +173,7 @@ class LLMEngine:
             if hit is None:
                 continue
             seq.stats.cached_tokens = max(seq.stats.cached_tokens, hit.target)
-            for proposer in self._uses(seq):
+            for proposer in self.drafting.uses(seq):
                 source = (hit.entry.extras.get(proposer.name) if hit.entry is not None
                           else proposer.cache_of(hit.source_seq))
                 if source is not None:
@@ -290,18 +229,6 @@ class LLMEngine:
         for proposer in self.proposers.values():
             proposer.release(seq.seq_id)
 
-    def _uses(self, seq: Sequence) -> list[Proposer]:
-        """The proposers that may draft for this sequence (its method's, or those its step controller picks
-        among): they observe its verifications."""
-        ctl = seq.spec.controller
-        names = ctl.uses if ctl is not None else (seq.spec.method,)
-        return [self.proposers[n] for n in names if n in self.proposers]
-
-    def _reader(self, seq: Sequence) -> Proposer | None:
-        """The learned head among the sequence's proposers, if any: it reads the sequence's hidden states at every
-        step."""
-        return next((p for p in self._uses(seq) if p.target_hidden), None)
-
     # -- the step ---------------------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         """One forward for every scheduled sequence. One caller at a time (the server's engine thread, or `LLM`)."""
@@ -324,10 +251,10 @@ class LLMEngine:
         self._restore_prefix(prefills)
         chunks = [(seq.num_computed, n) for seq, n in prefills]             # where each starts: what it costs
         try:
-            plans = self._propose(decodes, batch.num_rows)                  # 2. propose
+            plans = self.drafting.propose(decodes, batch.num_rows)                  # 2. propose
             t1 = time.perf_counter()
-            run = self.runner.execute(decodes, [p.draft for p in plans], prefills, self._reader)   # 3. execute
-            self._read_prompts(prefills)
+            run = self.runner.execute(decodes, [p.draft for p in plans], prefills, self.drafting.reader)   # 3. execute
+            self.drafting.read_prompts(prefills)
         except Exception as exc:  # noqa: BLE001 - the step's requests fail; the engine goes on
             return [self._fail(s, exc) for s in [*decodes, *(s for s, _ in prefills)]]
         self.last_step = StepInfo(len(decodes) + len(prefills), run.num_rows, sum(n for _, n in prefills),
@@ -366,82 +293,6 @@ class LLMEngine:
             seq.prompt_logprobs += token_logprobs(rows[lo - start - 1: hi - start - 1, :self.vocab_size],
                                                   seq.prompt_ids[lo:hi], seq.params.prompt_logprobs)
 
-    def _read_prompts(self, prefills: list[tuple[Sequence, int]]) -> None:
-        """The step's prompt chunks, to the proposers that read prompts themselves (a draft model), in the step that
-        prefills them in the target -- for a sequence of a fixed method. A sequence whose step controller picks its
-        proposer per step (auto, hybrid) leaves the draft's read of its prompt until a step first picks the draft,
-        which then catches up in chunks (DraftModelProposer.propose): no first token waits for a read the policy
-        may never use (a request that prompt lookup serves, a short answer)."""
-        for name, proposer in self.proposers.items():
-            # each chunk starts a few tokens early: after a prefix cache hit the draft's own cache may end a little
-            # before the target's (it lacks the newest token's K/V), and the overlap lets it catch up here, in the
-            # prefill, instead of in its first decode step (a proposer skips what its cache already holds)
-            chunks = [(s.seq_id, max(0, s.num_computed - READ_BACK), s.token_ids[max(0, s.num_computed - READ_BACK):
-                                                                                 s.num_computed + n])
-                      for s, n in prefills if s.spec.controller is None and s.spec.method == name]
-            if chunks:
-                proposer.prefill(chunks)
-
-    def _propose(self, seqs: list[Sequence], rows: int) -> list[Plan]:
-        """Each decoding sequence's draft for this step, by its own method and k (method auto: what its step
-        controller picks, knowing the rows the step already carries)."""
-        plans = [Plan() for _ in seqs]
-        budget = None
-        # method auto under load: past the policy's max_load running sequences every step of theirs is plain (the
-        # per-request gate, applied per step: a request admitted at low load stops drafting once the batch fills;
-        # the draft model's catch-up forwards are not in the step budget, so it would underprice them)
-        auto_off = self._policy is not None and len(seqs) > self._policy.cfg.max_load
-        wanted: dict[str, list[tuple[int, int]]] = {}   # proposer -> (index, k): drafted together below
-        # fixed methods first: their rows are part of what auto's sequences see in the budget
-        order = sorted(range(len(seqs)), key=lambda i: seqs[i].spec.controller is not None)
-        for i in order:
-            seq, sp, plan = seqs[i], seqs[i].spec, plans[i]
-            room = min(sp.k, seq.room)
-            if room <= 0:
-                continue
-            if seq.constraint is not None:
-                forced = seq.constraint.forced(room)          # the grammar's next tokens: verified without drafting
-                if forced:
-                    plan.draft, plan.source = Draft(torch.tensor(forced, dtype=torch.long)), FORCED
-                    rows += len(forced)
-                    continue
-            ctl, guess = sp.controller, None
-            if ctl is None:                                 # a fixed method
-                name, k = sp.method, room
-                if sp.topk > 1 and not tree_allowed(sp.topk, seq.params, seq.constraint):
-                    k = min(k, sp.depth)                    # a tree request verified as a chain: the tree's depth
-            elif auto_off:
-                continue
-            else:
-                if budget is None and self._policy is not None:
-                    context = max(len(s.token_ids) for s in seqs)     # the longest attention prices the rows
-                    budget = StepBudget(self._policy.cost.at(context), rows=rows, tokens=float(len(seqs)))
-                name, k, guess = ctl.choose_step(seq.token_ids, room, seq.constraint, budget)
-            if guess is not None:                           # the controller's prompt-lookup guess, already made
-                plan.draft, plan.source = Draft(torch.tensor(guess, dtype=torch.long)), name
-                rows += len(guess)
-            elif k > 0 and name in self.proposers and self.proposers[name].free:
-                plan.draft, plan.source = self.proposers[name].propose([self._context(seq, k)], [k])[0], name
-                rows += len(plan.draft)
-            elif k > 0 and name in self.proposers:
-                wanted.setdefault(name, []).append((i, k))
-                rows += k
-        for name, asked in wanted.items():
-            ctxs = [self._context(seqs[i], k) for i, k in asked]
-            for (i, _), ctx, draft in zip(asked, ctxs, self.proposers[name].propose(ctxs, [k for _, k in asked])):
-                # only a greedy request without a grammar is verified as a tree (exactly: by argmax)
-                plans[i].draft = draft if draft.parents is None or ctx.tree else empty_draft()
-                plans[i].source = name
-        return plans
-
-    def _context(self, seq: Sequence, k: int) -> ProposalContext:
-        sp = seq.spec
-        # a tree is sized by what its rows cost at this sequence's context
-        rows = functools.partial(self.row_cost, context=len(seq.token_ids)) if self.row_cost is not None else None
-        return ProposalContext(seq.seq_id, seq.token_ids, seq.params, seq.generator, seq.constraint, sp.topk,
-                               min(sp.depth, k), rows, sp.prompt_lookup_max, sp.prompt_lookup_min, seq.corpus,
-                               sp.prediction, seq.penalties)
-
     def _output(self, seq: Sequence, committed: list[int], logprobs=None) -> StepOutput:
         now = time.perf_counter()
         if seq.first_token_at is None:
@@ -465,7 +316,7 @@ class LLMEngine:
             proposer.learn(seq.corpus, seq.prompt_ids, seq.output_ids)
         d = seq.spec.decision
         if d is not None:                                 # the one place the policy hears of an outcome
-            self.policy.record(seq.spec.pool, d, seq.params.temperature, seq.stats, seq.spec.controller)
+            self.drafting.policy.record(seq.spec.pool, d, seq.params.temperature, seq.stats, seq.spec.controller)
 
     def _fail(self, seq: Sequence, exc: Exception) -> StepOutput:
         self.seqs.pop(seq.request_id, None)

@@ -1,0 +1,193 @@
+"""The step's drafting: which proposer drafts for each decoding sequence, and how many tokens (stage 2 of
+`LLMEngine.step()`), with what a request needs for it when it arrives (method auto's decision, a combining method's
+step controller) and what the proposers read beside the target (prompt chunks, hidden states).
+
+One object, built by the engine over its proposers: `assign` at add_request, `propose` each step, `read_prompts`
+after the forward; `uses` and `reader` tell the committer which proposers observe a sequence.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from ..config import AUTO, get_method, lookup_method
+from ..errors import SpecDecError
+from ..policy.cost_model import StepBudget
+from ..policy.decide import Decision, RequestFeatures, prior_alpha
+from ..proposers.base import Draft, ProposalContext, Proposer, empty_draft, tree_allowed
+from .commit import FORCED, Plan
+from .sequence import Sequence
+
+READ_BACK = 16         # tokens before a prompt chunk handed to proposers that read prompts (see read_prompts)
+
+
+class Drafting:
+    def __init__(self, proposers: dict[str, Proposer], policy_factory: Callable[[], object] | None = None,
+                 row_cost: Callable[..., float] | None = None):
+        self.proposers = proposers                 # one per loaded method ({method: Proposer})
+        self._policy_factory = policy_factory
+        self._policy = None
+        # row_cost(n, context=c): V(n) after c tokens, a target forward over n rows relative to one (the cost
+        # model's): sizes learned heads' token trees; None keeps num_speculative_tokens nodes
+        self.row_cost = row_cost
+
+    def assign(self, seq: Sequence, load: int) -> None:
+        """A new request's drafting: method auto decides its method and k (`load`: running + waiting requests); a
+        combining method (hybrid) gets its step controller; a fixed method needs nothing."""
+        method = get_method(seq.spec.method)
+        if method.kind == "policy":
+            self._decide(seq, load)
+        elif method.combines:
+            self._combine(seq, method)
+
+    @property
+    def policy(self):
+        """The speculation policy of method auto (built on first use: it measures or reads the cost model)."""
+        if self._policy is None:
+            if self._policy_factory is None:
+                raise SpecDecError(f"method '{AUTO}' needs a speculation policy; this engine was built without one")
+            self._policy = self._policy_factory()
+        return self._policy
+
+    def runs(self, name: str) -> bool:
+        """Whether this engine can draft with a method: its proposer is loaded (for a combining method, its model
+        proposer's)."""
+        method = get_method(name)
+        return (method.combines[0] if method.combines else name) in self.proposers
+
+    def _decide(self, seq: Sequence, load: int) -> None:
+        """Method auto: the policy picks a method (or plain decoding) and k for this request (pool and load
+        aware)."""
+        policy, p, sp = self.policy, seq.params, seq.spec
+        d = policy.decide(seq.request_id, sp.pool, RequestFeatures(p.temperature, p.top_p, p.max_tokens, load,
+                                                                   len(seq.prompt_ids)))
+        sp.decision = d
+        seq.stats.method, seq.stats.num_speculative_tokens, seq.stats.policy_reason = d.method, d.k, d.reason
+        chosen = get_method(d.method)
+        if chosen.kind == "plain":
+            sp.method, sp.k = d.method, 0
+        elif chosen.free and d.method != lookup_method():
+            # a cache (suffix decoding) outdraws the others where it was chosen: it runs alone
+            sp.method, sp.k = d.method, d.k
+        else:   # the draft (when chosen) and the longest lookup match side by side; the controller picks per step
+            sp.k = policy.cfg.k_max
+            free = [m for m in policy.available if get_method(m).free]
+            sp.controller = policy.controller(d, sp.pool, p.temperature, len(seq.prompt_ids),
+                                              self._longest_match(seq, free))
+
+    def _combine(self, seq: Sequence, method) -> None:
+        """A combining method (hybrid): the step controller runs its model proposer with the request's k and, each
+        step, weighs the longest match of its free proposers against it (auto's per-step machinery, without a
+        per-request decision)."""
+        sp, p = seq.spec, seq.params
+        model, *free = method.combines
+        sp.k = sp.k or method.default_k
+        alpha = prior_alpha(model, p.temperature, self.policy.cfg)
+        decision = Decision(model, sp.k, 1.0, f"{method.name}: {model} or the longest match per step", alpha)
+        sp.controller = self.policy.controller(decision, sp.pool, p.temperature, len(seq.prompt_ids),
+                                               self._longest_match(seq, free))
+
+    def _longest_match(self, seq: Sequence, methods: list[str]):
+        """The step controller's guesser: the longest match among these free proposers' (prompt lookup, suffix
+        decoding), as (match length, tokens); None when none is loaded."""
+        finders = [self.proposers[m] for m in methods if m in self.proposers]
+        if not finders:
+            return None
+        sp, p = seq.spec, seq.params
+
+        def longest(ids, room, constraint):
+            ctx = ProposalContext(seq.seq_id, ids, p, None, constraint, prompt_lookup_max=sp.prompt_lookup_max,
+                                  prompt_lookup_min=sp.prompt_lookup_min, pool=seq.corpus)
+            return max((f.match(ctx, room) for f in finders), key=lambda m: (m[0], len(m[1])))
+        return longest
+
+    def uses(self, seq: Sequence) -> list[Proposer]:
+        """The proposers that may draft for this sequence (its method's, or those its step controller picks
+        among): they observe its verifications."""
+        ctl = seq.spec.controller
+        names = ctl.uses if ctl is not None else (seq.spec.method,)
+        return [self.proposers[n] for n in names if n in self.proposers]
+
+    def reader(self, seq: Sequence) -> Proposer | None:
+        """The learned head among the sequence's proposers, if any: it reads the sequence's hidden states at every
+        step."""
+        return next((p for p in self.uses(seq) if p.target_hidden), None)
+
+    def read_prompts(self, prefills: list[tuple[Sequence, int]]) -> None:
+        """The step's prompt chunks, to the proposers that read prompts themselves (a draft model), in the step that
+        prefills them in the target -- for a sequence of a fixed method. A sequence whose step controller picks its
+        proposer per step (auto, hybrid) leaves the draft's read of its prompt until a step first picks the draft,
+        which then catches up in chunks (DraftModelProposer.propose): no first token waits for a read the policy
+        may never use (a request that prompt lookup serves, a short answer)."""
+        for name, proposer in self.proposers.items():
+            # each chunk starts a few tokens early: after a prefix cache hit the draft's own cache may end a little
+            # before the target's (it lacks the newest token's K/V), and the overlap lets it catch up here, in the
+            # prefill, instead of in its first decode step (a proposer skips what its cache already holds)
+            chunks = [(s.seq_id, max(0, s.num_computed - READ_BACK), s.token_ids[max(0, s.num_computed - READ_BACK):
+                                                                                 s.num_computed + n])
+                      for s, n in prefills if s.spec.controller is None and s.spec.method == name]
+            if chunks:
+                proposer.prefill(chunks)
+
+    def propose(self, seqs: list[Sequence], rows: int) -> list[Plan]:
+        """Each decoding sequence's draft for this step, by its own method and k (method auto: what its step
+        controller picks, knowing the rows the step already carries)."""
+        plans = [Plan() for _ in seqs]
+        budget = None
+        # method auto under load: past the policy's max_load running sequences every step of theirs is plain (the
+        # per-request gate, applied per step: a request admitted at low load stops drafting once the batch fills;
+        # the draft model's catch-up forwards are not in the step budget, so it would underprice them)
+        auto_off = self._policy is not None and len(seqs) > self._policy.cfg.max_load
+        wanted: dict[str, list[tuple[int, int]]] = {}   # proposer -> (index, k): drafted together below
+        # fixed methods first: their rows are part of what auto's sequences see in the budget
+        order = sorted(range(len(seqs)), key=lambda i: seqs[i].spec.controller is not None)
+        for i in order:
+            seq, sp, plan = seqs[i], seqs[i].spec, plans[i]
+            room = min(sp.k, seq.room)
+            if room <= 0:
+                continue
+            if seq.constraint is not None:
+                forced = seq.constraint.forced(room)          # the grammar's next tokens: verified without drafting
+                if forced:
+                    plan.draft, plan.source = Draft(torch.tensor(forced, dtype=torch.long)), FORCED
+                    rows += len(forced)
+                    continue
+            ctl, guess = sp.controller, None
+            if ctl is None:                                 # a fixed method
+                name, k = sp.method, room
+                if sp.topk > 1 and not tree_allowed(sp.topk, seq.params, seq.constraint):
+                    k = min(k, sp.depth)                    # a tree request verified as a chain: the tree's depth
+            elif auto_off:
+                continue
+            else:
+                if budget is None and self._policy is not None:
+                    context = max(len(s.token_ids) for s in seqs)     # the longest attention prices the rows
+                    budget = StepBudget(self._policy.cost.at(context), rows=rows, tokens=float(len(seqs)))
+                name, k, guess = ctl.choose_step(seq.token_ids, room, seq.constraint, budget)
+            if guess is not None:                           # the controller's prompt-lookup guess, already made
+                plan.draft, plan.source = Draft(torch.tensor(guess, dtype=torch.long)), name
+                rows += len(guess)
+            elif k > 0 and name in self.proposers and self.proposers[name].free:
+                plan.draft, plan.source = self.proposers[name].propose([self.context(seq, k)], [k])[0], name
+                rows += len(plan.draft)
+            elif k > 0 and name in self.proposers:
+                wanted.setdefault(name, []).append((i, k))
+                rows += k
+        for name, asked in wanted.items():
+            ctxs = [self.context(seqs[i], k) for i, k in asked]
+            for (i, _), ctx, draft in zip(asked, ctxs, self.proposers[name].propose(ctxs, [k for _, k in asked])):
+                # only a greedy request without a grammar is verified as a tree (exactly: by argmax)
+                plans[i].draft = draft if draft.parents is None or ctx.tree else empty_draft()
+                plans[i].source = name
+        return plans
+
+    def context(self, seq: Sequence, k: int) -> ProposalContext:
+        sp = seq.spec
+        # a tree is sized by what its rows cost at this sequence's context
+        rows = functools.partial(self.row_cost, context=len(seq.token_ids)) if self.row_cost is not None else None
+        return ProposalContext(seq.seq_id, seq.token_ids, seq.params, seq.generator, seq.constraint, sp.topk,
+                               min(sp.depth, k), rows, sp.prompt_lookup_max, sp.prompt_lookup_min, seq.corpus,
+                               sp.prediction, seq.penalties)
+
