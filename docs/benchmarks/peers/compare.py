@@ -26,7 +26,7 @@ def pct(ep, key, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float('nan')
 
 
-print('median decode tok/s by category (and over llama-server plain)')
+print(f'median decode tok/s by category (and over {eps[0]})')
 print(f"{'category':16s}" + ''.join(f'{e:>22s}' for e in eps))
 for cat in cats + [None]:
     ref = med(eps[0], keep=lambda r: cat is None or r['category'] == cat)

@@ -56,15 +56,22 @@ vllm_up() {   # port, log, extra args: the CPU settings vLLM's docs give for a s
     "$PEER_ENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$HF_DIR" --served-model-name qwen \
     --dtype bfloat16 --max-model-len 8192 --port "$1" "${@:3}" > "$2" 2>&1 & pids+=($!)
 }
-"$BIN/llama-server" -m "$TARGET" -t 2 --port 8121 -np 1 -c 8192 > "$OUT/llama-plain.log" 2>&1 & pids+=($!)
-.venv/bin/specdec serve --port 8120 > "$OUT/specdec.log" 2>&1 & pids+=($!)
-vllm_up 8141 "$OUT/vllm-plain.log"
-vllm_up 8142 "$OUT/vllm-ngram.log" --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}'
-for p in 8121 8120 8141 8142; do wait_up "http://127.0.0.1:$p"; done
-.venv/bin/specdec bench serve --dataset "$DATASET" --max-tokens 128 --temperature 0 --concurrency 1 --rounds "$ROUNDS" \
-  --endpoint http://127.0.0.1:8121 --label llama-server \
-  --endpoint http://127.0.0.1:8120 --label specdec \
-  --endpoint http://127.0.0.1:8141 --label vllm \
-  --endpoint http://127.0.0.1:8142 --label vllm-ngram \
-  --out "$OUT"
+if [ "${PHASE:-1}" = 1 ]; then        # the engines as their users start them
+  "$BIN/llama-server" -m "$TARGET" -t 2 --port 8121 -np 1 -c 8192 > "$OUT/llama-plain.log" 2>&1 & pids+=($!)
+  .venv/bin/specdec serve --port 8120 > "$OUT/specdec.log" 2>&1 & pids+=($!)
+  vllm_up 8141 "$OUT/vllm-plain.log"
+  vllm_up 8142 "$OUT/vllm-ngram.log" --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}'
+  for p in 8121 8120 8141 8142; do wait_up "http://127.0.0.1:$p"; done
+  .venv/bin/specdec bench serve --dataset "$DATASET" --max-tokens 128 --temperature 0 --concurrency 1 --rounds "$ROUNDS" \
+    --endpoint http://127.0.0.1:8121 --label llama-server --endpoint http://127.0.0.1:8120 --label specdec \
+    --endpoint http://127.0.0.1:8141 --label vllm --endpoint http://127.0.0.1:8142 --label vllm-ngram --out "$OUT"
+else                                   # PHASE=2: bf16 on both sides, and vLLM with the 0.5B draft (vLLM plain beside
+  DRAFT_DIR=${DRAFT_DIR:-$OUT/qwen-0.5b-hf}   # them did not fit a 23 GB machine: its draft server alone holds 9.4 GB)
+  vllm_up 8143 "$OUT/vllm-draft.log" --speculative-config "{\"method\": \"draft_model\", \"model\": \"$DRAFT_DIR\", \"num_speculative_tokens\": 4}"
+  .venv/bin/specdec serve --port 8124 --quantization none > "$OUT/specdec-bf16.log" 2>&1 & pids+=($!)
+  for p in 8143 8124; do wait_up "http://127.0.0.1:$p"; done
+  .venv/bin/specdec bench serve --dataset "$DATASET" --max-tokens 128 --temperature 0 --concurrency 1 --rounds "$ROUNDS" \
+    --endpoint http://127.0.0.1:8124 --label specdec-bf16 --endpoint http://127.0.0.1:8143 --label vllm-draft \
+    --out "$OUT"
+fi
 stop_all
