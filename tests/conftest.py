@@ -88,3 +88,15 @@ def tiny_models(tiny_dirs, tmp_path_factory):
         target = load_model(str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
         draft = load_model(str(tiny_dirs["draft"]), dtype="float32", device="cpu", progress=False)
     return target, draft
+
+
+@pytest.fixture(scope="module")
+def draft_server(tiny_dirs):
+    """The tiny pair served in-process (method draft, k 3): (url, LLM, ServerState), one server per test module."""
+    from server_utils import draft_llm, running_server
+
+    from specdec import SpeculativeConfig
+
+    llm = draft_llm(tiny_dirs)
+    with running_server(llm, SpeculativeConfig(method="draft", num_speculative_tokens=3)) as (url, state):
+        yield url, llm, state

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from server_utils import draft_llm, running_server
 
-from specdec import SpeculativeConfig
 from specdec.models.runner import forward_once
 
 TASKS = Path(__file__).parent / "lm_eval_tasks"
@@ -23,10 +21,8 @@ PROMPT = "def add(a, b):"
 
 
 @pytest.fixture(scope="module")
-def served(tiny_dirs):
-    llm = draft_llm(tiny_dirs)
-    with running_server(llm, SpeculativeConfig(method="draft", num_speculative_tokens=3)) as (url, _):
-        yield url, llm
+def served(draft_server):
+    return draft_server[:2]
 
 
 def test_langchain_chat_openai_invoke_stream_tools_and_structured_output(served):

@@ -8,9 +8,6 @@ import json
 import httpx
 import openai  # noqa: E402 - in the test extras: these tests never skip
 import pytest
-from server_utils import draft_llm, running_server
-
-from specdec import SpeculativeConfig
 
 PROMPT = "def add(a, b):"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
@@ -18,10 +15,8 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLengt
 
 
 @pytest.fixture(scope="module")
-def served(tiny_dirs):
-    llm = draft_llm(tiny_dirs)
-    with running_server(llm, SpeculativeConfig(method="draft", num_speculative_tokens=3)) as (url, _):
-        yield url
+def served(draft_server):
+    return draft_server[0]
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from server_utils import draft_llm, running_server
 
-from specdec import SpeculativeConfig
 from specdec.models.runner import forward_once
 from specdec.server.protocol import REFUSED_FIELDS, refused_markdown
 
@@ -18,10 +16,8 @@ PROMPT = "def add(a, b):\n    return a + b\n\ndef mul(a, b):"
 
 
 @pytest.fixture(scope="module")
-def served(tiny_dirs):
-    llm = draft_llm(tiny_dirs)
-    with running_server(llm, SpeculativeConfig(method="draft", num_speculative_tokens=3)) as (url, state):
-        yield url, llm, state
+def served(draft_server):
+    return draft_server
 
 
 def _chat(url, **body):

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from server_utils import draft_llm, running_server
-
-from specdec import SpeculativeConfig
 
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b): 你好"}]
 
 
 @pytest.fixture(scope="module")
-def served(tiny_dirs):
-    llm = draft_llm(tiny_dirs)
-    with running_server(llm, SpeculativeConfig(method="draft", num_speculative_tokens=3)) as (url, _):
-        yield url, llm
+def served(draft_server):
+    return draft_server[:2]
 
 
 def test_a_prompt_and_a_conversation_are_the_ids_the_server_runs(served):
