@@ -23,10 +23,11 @@ class Penalties:
         self.min_tokens = params.min_tokens
         self.stop_ids = sorted(stop_ids)
         self.prompt_ids, self.output_ids = prompt_ids, output_ids
-        self._dense: dict[tuple, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+        self._dense: dict[tuple, tuple] = {}
 
-    def _constants(self, vocab: int, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The bias as a dense row and the prompt's tokens as a mask, built once per vocabulary width and device."""
+    def _constants(self, vocab: int, device) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """The bias as a dense row, the prompt's tokens as a mask and the stop ids min_tokens masks, built once per
+        vocabulary width and device."""
         key = (vocab, str(device))
         if key not in self._dense:
             bias = None
@@ -41,7 +42,8 @@ class Penalties:
                 ids = [t for t in self.prompt_ids if t < vocab]
                 if ids:
                     seen[torch.tensor(ids, dtype=torch.long, device=device)] = True
-            self._dense[key] = (bias, seen)
+            stops = torch.tensor([t for t in self.stop_ids if t < vocab], dtype=torch.long, device=device)
+            self._dense[key] = (bias, seen, stops)
         return self._dense[key]
 
     def apply(self, logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
@@ -51,17 +53,16 @@ class Penalties:
         R, V = logits.shape
         device = logits.device
         logits = logits.float().clone()
-        bias, prompt_seen = self._constants(V, device)
+        bias, prompt_seen, stops = self._constants(V, device)
         if bias is not None:
             logits += bias
         lead = len(drafted) - (R - 1)                       # drafted tokens every row's prefix holds
         if self.min_tokens:
             done = len(self.output_ids) + lead + torch.arange(R, device=device)
             short = done < self.min_tokens
-            if bool(short.any()) and self.stop_ids:
-                ids = torch.tensor([t for t in self.stop_ids if t < V], dtype=torch.long, device=device)
+            if bool(short.any()) and len(stops):
                 rows = logits[short]
-                rows[:, ids] = float("-inf")
+                rows[:, stops] = float("-inf")
                 logits[short] = rows
         if self.presence == 0.0 and self.frequency == 0.0 and self.repetition == 1.0:
             return logits

@@ -74,6 +74,21 @@ _NON_TEXT_PARTS = {"image_url": "image", "input_image": "image", "image": "image
                    "audio": "audio", "file": "file", "input_file": "file", "video_url": "video"}
 
 
+def text_parts_only(value, allowed: tuple[str, ...]):
+    """A content field's check before its union is tried (else an image part reads "Input should be a valid
+    string"): every part's type among `allowed` (chat: text; Responses: input_text, output_text, text)."""
+    for part in value if isinstance(value, list) else ():
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(kind, str) and kind not in allowed:
+            what = _NON_TEXT_PARTS.get(kind)
+            if what:
+                raise PydanticCustomError("unsupported_content", f"{what} input is not supported "
+                                          "(this server's model reads text only)")
+            raise PydanticCustomError("unsupported_content", "content part type '{kind}' is not supported "
+                                      "(only {allowed})", {"kind": shown(kind, 40), "allowed": ", ".join(allowed)})
+    return value
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     content: Text | list[ContentPart] | None = None
@@ -84,18 +99,7 @@ class _Message(BaseModel):
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_only(cls, value):
-        # before the union is tried: otherwise an image part reads "Input should be a valid string"
-        if isinstance(value, list):
-            for part in value:
-                kind = part.get("type") if isinstance(part, dict) else None
-                if isinstance(kind, str) and kind != "text":
-                    what = _NON_TEXT_PARTS.get(kind)
-                    if what:
-                        raise PydanticCustomError("unsupported_content", f"{what} input is not supported "
-                                                  "(this server's model reads text only)")
-                    raise PydanticCustomError("unsupported_content", "content part type '{kind}' is not supported "
-                                              "(only 'text')", {"kind": shown(kind, 40)})
-        return value
+        return text_parts_only(value, ("text",))
 
     def text(self) -> str:
         if self.content is None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
 
-from .api_errors import Text, shown
+from .api_errors import Text
+from .messages import text_parts_only
 
 
 class InputText(BaseModel):
@@ -23,12 +23,7 @@ class MessageItem(BaseModel):
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_only(cls, value):
-        for part in value if isinstance(value, list) else ():
-            kind = part.get("type") if isinstance(part, dict) else None
-            if isinstance(kind, str) and kind not in ("input_text", "output_text", "text"):
-                raise PydanticCustomError("unsupported_content", "content part type '{kind}' is not supported "
-                                          "(this server's model reads text: input_text)", {"kind": shown(kind, 40)})
-        return value
+        return text_parts_only(value, ("input_text", "output_text", "text"))
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
