@@ -34,7 +34,8 @@ def extensions():
     ext = CppExtension(
         "specdec._C",
         # torch_ops.cpp includes bindings, ops, attention and bf16_linear: one parse of torch's headers for the four
-        ["csrc/torch_ops.cpp", "csrc/qlinear_portable.cpp", "csrc/qlinear_avx512.cpp", "csrc/qlinear_avx2.cpp"],
+        ["csrc/torch_ops.cpp", "csrc/qlinear_portable.cpp", "csrc/qlinear_avx512.cpp", "csrc/qlinear_avx2.cpp",
+         "csrc/qlinear_amx.cpp"],
         # -fopenmp: at::parallel_for is header code; without it the kernel runs on one thread.
         # -ffp-contract=off: the portable kernel must round exactly where the AVX-512 kernel does.
         extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"],

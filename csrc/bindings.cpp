@@ -10,15 +10,22 @@ namespace {
 using specdec::QAct;
 using specdec::QWeight;
 
-// The kernel qlinear's impl 0 runs for a weight: AVX-512 VNNI where the CPU has it, else AVX2 where it runs the
-// format, else the portable one (as impl: 1 portable, 2 AVX-512, 3 AVX2).
-int64_t auto_impl(const QWeight& w) {
+// Rows from which AMX's tile multiplies beat VNNI's: 28 (python -m specdec.bench.kernels --methods ours-vnni,ours-amx;
+// docs/benchmarks/amx). Below it, preparing the scaled code planes costs more than the tile multiplies save.
+int64_t g_amx_min_rows = 28;
+
+// The kernel qlinear's impl 0 runs for a weight and m rows: AMX where the CPU has it and m reaches g_amx_min_rows,
+// else AVX-512 VNNI where the CPU has it, else AVX2 where it runs the format, else the portable one (as impl:
+// 1 portable, 2 AVX-512, 3 AVX2, 4 AMX).
+int64_t auto_impl(const QWeight& w, int64_t m) {
+    if (m >= g_amx_min_rows && specdec::cpu_has_amx()) return 4;
     if (specdec::cpu_has_avx512_vnni()) return 2;
     return specdec::cpu_has_avx2() && specdec::qlinear_avx2_supports(w) ? 3 : 1;
 }
 
 // Returns [m, n] in x's dtype when that is bf16, else fp32.
-// impl: 0 = best for this CPU, 1 = portable, 2 = AVX-512 VNNI, 3 = AVX2 (2 and 3: an error on a CPU without it)
+// impl: 0 = best for this CPU and row count, 1 = portable, 2 = AVX-512 VNNI, 3 = AVX2, 4 = AMX (2-4: an error on a
+// CPU without it)
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tensor& sc,
                       const torch::Tensor& mn, const torch::Tensor& dm, const c10::optional<torch::Tensor>& bias,
                       int64_t bits, int64_t group, int64_t sb, int64_t impl) {
@@ -37,11 +44,14 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
                 "qlinear: scale tensors do not match the weight");
     TORCH_CHECK(impl != 2 || specdec::cpu_has_avx512_vnni(), "qlinear: this CPU lacks AVX-512 VNNI");
     TORCH_CHECK(impl != 3 || specdec::cpu_has_avx2(), "qlinear: this CPU lacks AVX2, FMA or F16C");
+    TORCH_CHECK(impl != 4 || specdec::cpu_has_amx(), "qlinear: this CPU (or its kernel) does not run AMX-INT8");
 
     // bf16 and fp32 inputs are read as they are (bf16 -> fp32 is exact); other dtypes convert to fp32
     const torch::Tensor xf = x.scalar_type() == torch::kBFloat16 ? x.contiguous() : x.to(torch::kFloat32).contiguous();
     const bool bf16_in = xf.scalar_type() == torch::kBFloat16;
-    auto a8 = torch::empty({m, k}, torch::kInt8);
+    // 64 bytes of slack past the last row: the AMX kernel's last tile load of a partial 64-k chunk reads into it
+    // (against zero codes)
+    auto a8 = torch::empty({m * k + 64}, torch::kInt8);
     const int64_t stride = specdec::asum_stride(k, int(group));
     auto asum = torch::empty({m, stride}, torch::kInt16);
     auto ascale = torch::empty({m, ns}, torch::kFloat32);
@@ -55,8 +65,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
     }
     QWeight w{qw.data_ptr<uint8_t>(), sc.data_ptr<int8_t>(), mn.data_ptr<int8_t>(),
               reinterpret_cast<const uint16_t*>(dm.data_ptr<at::Half>()), n, k, int(bits), int(group), int(sb)};
-    const int64_t path = impl == 0 ? auto_impl(w) : impl;
-    const bool use_avx = path == 2, use_avx2 = path == 3;
+    const int64_t path = impl == 0 ? auto_impl(w, m) : impl;
+    const bool use_amx = path == 4, use_avx = path == 2 || use_amx, use_avx2 = path == 3;
     {
         pybind11::gil_scoped_release no_gil;
         const void* xp = xf.data_ptr();
@@ -83,7 +93,9 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
         float* op = out.data_ptr<float>();
         // Threads split the output columns; each column's arithmetic is the same whoever computes it.
         at::parallel_for(0, nb, 1, [&](int64_t c0, int64_t c1) {
-            if (use_avx)
+            if (use_amx)
+                specdec::qlinear_amx(w, xa, bp, op, c0, c1);
+            else if (use_avx)
                 specdec::qlinear_avx512(w, xa, bp, op, c0, c1);
             else if (use_avx2)
                 specdec::qlinear_avx2(w, xa, bp, op, c0, c1);
@@ -112,9 +124,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("set_prefetch_distance", &specdec::set_prefetch_distance, "bytes of weights prefetched ahead (0 = off)");
     m.def("prefetch_distance", &specdec::prefetch_distance);
     m.def("has_avx512_vnni", &specdec::cpu_has_avx512_vnni, "the CPU runs the AVX-512 VNNI kernel");
+    m.def("has_amx", &specdec::cpu_has_amx, "the CPU runs the AMX-INT8 kernel (and Linux granted the tile state)");
+    m.def("set_amx_min_rows", [](int64_t rows) { g_amx_min_rows = rows < 1 ? 1 : rows; },
+          "rows from which qlinear's impl 0 takes the AMX kernel");
+    m.def("amx_min_rows", [] { return g_amx_min_rows; });
     m.def("has_avx2", &specdec::cpu_has_avx2, "the CPU runs the AVX2 kernel (4-, 6- and 8-bit codes)");
     m.def("vector_kernel", [](int64_t bits, int64_t group) {   // qlinear's impl 0 rule, asked of a format
-        return auto_impl(QWeight{nullptr, nullptr, nullptr, nullptr, 16, group, int(bits), int(group), 1}) != 1;
+        return auto_impl(QWeight{nullptr, nullptr, nullptr, nullptr, 16, group, int(bits), int(group), 1}, 1) != 1;
     }, "whether qlinear runs codes of this many bits and this group on a vector kernel (not the portable one)",
           pybind11::arg("bits"), pybind11::arg("group") = 32);
 }

@@ -69,6 +69,9 @@ inline float to_float(uint16_t bf16_bits) {   // bf16 -> fp32 is exact: the bits
 void qlinear_portable(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1);
 void qlinear_avx512(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1);
 bool cpu_has_avx512_vnni();
+// AMX-INT8 tile multiplies (bit-identical to the AVX-512 kernel); cpu_has_amx() also asks Linux for the tile state
+void qlinear_amx(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1);
+bool cpu_has_amx();
 // AVX2 (+ FMA, F16C) for CPUs without AVX-512 VNNI: 4- and 6-bit codes (8-bit ones fall back to the portable kernel)
 void qlinear_avx2(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1);
 bool qlinear_avx2_supports(const QWeight& w);

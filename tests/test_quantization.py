@@ -95,6 +95,46 @@ def test_portable_kernel_equals_avx512(fmt):
         assert torch.equal(_run(lin, x[:m], "portable"), _run(lin, x[:m], "avx512")), m
 
 
+@pytest.mark.skipif(not ext.has_amx(), reason="this CPU (or its Linux) does not run AMX-INT8 tiles")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_amx_kernel_equals_avx512(fmt):
+    """The AMX kernel gives the VNNI kernel's bits: every row tail (1..33 rows: one or two 16-row tiles, partial), a
+    superblock whose last 64-k chunk is partial (k = 864: 27 groups of 32), bf16 input, and the extreme products
+    (every activation at +-127 against the extreme codes and group scales: q' = sc * q at the ends of int16)."""
+    for k in (896, 864):
+        if k % fmt[1]:
+            continue
+        codes = _random_codes(*fmt, k=k)
+        lin = BlockQuantLinear(pack(codes), torch.randn(80))
+        x = torch.randn(40, k, generator=torch.Generator().manual_seed(2))
+        for m in list(range(1, 18)) + [31, 32, 33, 40]:
+            assert torch.equal(_run(lin, x[:m], "amx"), _run(lin, x[:m], "avx512")), (k, m)
+        assert torch.equal(_run(lin, x.bfloat16(), "amx"), _run(lin, x.bfloat16(), "avx512"))
+    signs = torch.where(torch.randn(19, 896) > 0, 1.0, -1.0)
+    codes = _random_codes(*fmt)
+    for q, sc in ((0, -128), ((1 << fmt[0]) - 1, -128), ((1 << fmt[0]) - 1, 127)):
+        edge = dataclasses.replace(codes, q=torch.full_like(codes.q, q), sc=torch.full_like(codes.sc, sc))
+        lin = BlockQuantLinear(pack(edge), None)
+        assert torch.equal(_run(lin, signs, "amx"), _run(lin, signs, "avx512")), (q, sc)
+
+
+def test_auto_kernel_takes_amx_from_its_row_count_with_the_same_bits():
+    """`auto` switches kernels by row count (AMX from amx_min_rows where the CPU has it): a row's output does not
+    change across the switch, and the threshold is settable."""
+    lin = BlockQuantLinear(pack(_random_codes(4, 32, 256)), torch.randn(80))
+    x = torch.randn(64, 896)
+    threshold = ext.amx_min_rows()
+    try:
+        ext.set_amx_min_rows(1)
+        low = lin(x)
+        ext.set_amx_min_rows(10**9)
+        assert torch.equal(lin(x), low)
+        assert ext.amx_min_rows() == 10**9
+    finally:
+        ext.set_amx_min_rows(threshold)
+    assert 1 < threshold <= 64
+
+
 @pytest.mark.skipif(not ext.has_avx2(), reason="this CPU has no AVX2 kernel to compare against")
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_portable_kernel_equals_avx2(fmt):

@@ -11,7 +11,8 @@ the default for bf16: AVX-512 BF16, else AVX2 + FMA), aten-int4 (`_weight_int4pa
 aten-int8 (`_weight_int8pack_mm`, per channel), ours (specdec._C, 4-bit group 32 as built from Q4_K),
 ours-q6 (the same kernel on 6-bit codes in 16-k groups: how the GGUF's Q6_K tensors are held exactly), ours-q8
 (8-bit codes in 32-k groups, one scale each: Q8_0's shape, and the heads' int8 blocks), ours-portable
-(`ours` on the scalar kernel). `ours` runs the AVX-512 VNNI kernel where the CPU has it, else the AVX2 one.
+(`ours` on the scalar kernel), ours-vnni / ours-amx (`ours` on one kernel whatever M; -q6: on Q6_K's shape). `ours`
+runs the AMX kernel from 28 rows on where the CPU has AMX-INT8, else the AVX-512 VNNI kernel, else the AVX2 one.
 """
 from __future__ import annotations
 
@@ -68,10 +69,12 @@ def _ours(n, k, bits=4, group=32, sb=8):
     return BlockQuantLinear(p, None)
 
 
-def _ours_portable(n, k):
-    lin = _ours(n, k)
-    lin.impl = "portable"          # the scalar kernel: what a CPU without a vector path runs
-    return lin
+def _ours_impl(impl: str, **fmt):
+    def build(n, k):
+        lin = _ours(n, k, **fmt)
+        lin.impl = impl            # one kernel whatever the row count (`ours` picks by CPU and rows)
+        return lin
+    return build
 
 
 METHODS = {
@@ -82,7 +85,11 @@ METHODS = {
     "ours": _ours,
     "ours-q6": lambda n, k: _ours(n, k, bits=6, group=16, sb=16),
     "ours-q8": lambda n, k: _ours(n, k, bits=8, group=32, sb=1),
-    "ours-portable": _ours_portable,
+    "ours-portable": _ours_impl("portable"),   # the scalar kernel: what a CPU without a vector path runs
+    "ours-vnni": _ours_impl("avx512"),
+    "ours-amx": _ours_impl("amx"),             # AMX-INT8 tiles (Intel Xeon from Sapphire Rapids on)
+    "ours-q6-vnni": _ours_impl("avx512", bits=6, group=16, sb=16),
+    "ours-q6-amx": _ours_impl("amx", bits=6, group=16, sb=16),
 }
 
 

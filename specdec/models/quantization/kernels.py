@@ -46,7 +46,7 @@ def native_bf16() -> bool:
     return available() and bool(load_kernels().has_avx512_bf16())
 
 
-IMPLS = {"auto": 0, "portable": 1, "avx512": 2, "avx2": 3}
+IMPLS = {"auto": 0, "portable": 1, "avx512": 2, "avx2": 3, "amx": 4}
 
 
 def vector_kernel(bits: int, group: int = 32) -> bool:

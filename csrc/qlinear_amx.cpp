@@ -1,0 +1,244 @@
+// The AMX kernel (Intel Xeon from Sapphire Rapids on): the integer dot products of a group run as one tile multiply,
+// of up to 16 activation rows (signed int8) against 16 columns x 64 k of codes, instead of one VNNI instruction per
+// row and 4 k. The codes' packed layout (qlinear.h) is already the tile's: chunk j of a group's tile holds 16 columns
+// x 4 consecutive k, which is row j of the tile multiply's second operand. Each group's codes are multiplied by
+// their group scale once per superblock and column block (two byte planes, see scaled_planes), then used for every
+// row: a superblock's integer sum S is two tile products, with no per-group step in between.
+//
+// S = sum_g sc_g * <q, a>_g and Mn are exact (wrapping int32, as in the VNNI kernel); the float epilogue per
+// superblock is the VNNI kernel's, instruction for instruction. So a row's
+// output is bit-identical to the VNNI and portable kernels' (tests/test_quantization.py), whichever kernel a call
+// takes and however many rows share it.
+//
+// Linux hands out the tile registers' state only on request (arch_prctl ARCH_REQ_XCOMP_PERM): cpu_has_amx() asks
+// once, and says no where the CPU lacks AMX-INT8 or the kernel refuses.
+#include <algorithm>
+#include <vector>
+
+#include "qlinear.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define SPECDEC_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+
+namespace specdec {
+
+bool cpu_has_amx() {
+    static const bool ok = [] {
+        unsigned a, b, c, d;
+        if (!cpu_has_avx512_vnni() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+        const bool tile = d & (1u << 24), int8 = d & (1u << 25);
+        if (!tile || !int8) return false;
+        constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+        return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    }();
+    return ok;
+}
+
+namespace {
+
+struct alignas(64) TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+// tmm0, tmm5: rows0 and rows1 activation rows x 64 k (int8); tmm1, tmm2: 64 k of 16 columns' scaled codes, low and
+// high bytes (16 tile rows of 16 columns x 4 k); tmm3, tmm4: tmm0's products with them, rows0 x 16 int32; tmm6, tmm7:
+// tmm5's (a tile of 0 rows is left unconfigured and unused)
+SPECDEC_AMX void configure(int rows0, int rows1) {
+    TileConfig cfg{};
+    cfg.palette = 1;
+    cfg.rows[1] = cfg.rows[2] = 16, cfg.colsb[1] = cfg.colsb[2] = 64;
+    cfg.rows[0] = cfg.rows[3] = cfg.rows[4] = uint8_t(rows0);
+    cfg.colsb[0] = cfg.colsb[3] = cfg.colsb[4] = 64;
+    if (rows1) {
+        cfg.rows[5] = cfg.rows[6] = cfg.rows[7] = uint8_t(rows1);
+        cfg.colsb[5] = cfg.colsb[6] = cfg.colsb[7] = 64;
+    }
+    // ldtilecfg through an operand of the whole 64 bytes: the intrinsic's operand covers 8 of them, and GCC then
+    // drops the stores of the rest as dead (the tiles stay unconfigured: #UD at the first tile load)
+    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+// One group's codes times their group scale, q' = sc * q (|q'| <= 128 * 255: an int16), written as two byte planes
+// in the tile's layout, lo = q' & 255 (unsigned) and hi = q' >> 8 (signed), so q' = 256 hi + lo and
+// S = sum_g sc_g <q, a>_g = 256 <hi, a> + <lo, a> over the whole superblock: two tile products, no per-group step.
+template <int BITS, int GROUP>
+SPECDEC_AMX void scaled_planes(const uint8_t* tile, const int8_t* sc, uint8_t* lo, uint8_t* hi) {
+    constexpr int NREG = GROUP / 4;
+    __m512i W[NREG];
+    if constexpr (BITS == 8) {
+        for (int j = 0; j < NREG; ++j) W[j] = _mm512_loadu_si512(tile + 64 * j);
+    } else {
+        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        for (int i = 0; i < NREG / 2; ++i) {
+            const __m512i b = _mm512_loadu_si512(tile + 64 * i);
+            W[2 * i] = _mm512_and_si512(b, low4);
+            W[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
+        }
+        if constexpr (BITS == 6) {   // add the top 2 bits, as the VNNI kernel does
+            const __m512i two = _mm512_set1_epi8(0x03);
+            for (int h = 0; h < NREG / 4; ++h) {
+                const __m512i hb = _mm512_loadu_si512(tile + GROUP * 8 + 64 * h);
+                for (int j = 0; j < 4; ++j) {
+                    const __m512i top = _mm512_and_si512(_mm512_srli_epi16(hb, 2 * j), two);
+                    W[4 * h + j] = _mm512_or_si512(W[4 * h + j], _mm512_slli_epi16(top, 4));
+                }
+            }
+        }
+    }
+    // column c owns bytes 4c..4c+3 of a chunk: its scale in both int16 halves of 32-bit lane c
+    const __m512i sc32 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)sc));
+    const __m512i vsc2 = _mm512_or_si512(_mm512_and_si512(sc32, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc32, 16));
+    const __m512i low8 = _mm512_set1_epi16(0x00FF);
+    constexpr __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;   // the high byte of each int16 lane
+    for (int j = 0; j < NREG; ++j) {
+        const __m512i pe = _mm512_mullo_epi16(_mm512_and_si512(W[j], low8), vsc2);   // even bytes' q'
+        const __m512i po = _mm512_mullo_epi16(_mm512_srli_epi16(W[j], 8), vsc2);     // odd bytes' q'
+        _mm512_store_si512(lo + 64 * j, _mm512_mask_blend_epi8(odd, pe, _mm512_slli_epi16(po, 8)));
+        _mm512_store_si512(hi + 64 * j, _mm512_mask_blend_epi8(odd, _mm512_srli_epi16(pe, 8), po));
+    }
+}
+
+typedef int32_t __attribute__((may_alias, aligned(1))) i32u;
+
+constexpr int COLUMN_BLOCKS = 8;   // column blocks a superblock's activations (M x group*sb bytes) serve from L2
+
+// One superblock's share of rows [r0, r0 + rows) x column block cb, from its two products (the tiles stored):
+// S = 256 hi + lo, then Mn and the float epilogue, the VNNI kernel's arithmetic instruction for instruction.
+SPECDEC_AMX void epilogue(const QWeight& w, const QAct& x, const int32_t (*Clo)[16], const int32_t (*Chi)[16],
+                          const __m512i* mn_pairs, const __m512i mn_last, int64_t g0, int64_t g1, int64_t s,
+                          const __m512 d, const __m512 dmin, float* ocol, int64_t r0, int rows) {
+    const int64_t ns = w.nsuper(), ngp = x.asum_stride;
+    for (int r = 0; r < rows; ++r) {
+        const int64_t row = r0 + r;
+        const __m512i S = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(Chi[r]), 8), _mm512_load_si512(Clo[r]));
+        const int16_t* asum = x.asum + row * ngp;
+        __m512i Mn = _mm512_setzero_si512();
+        int64_t g = g0;
+        for (int i = 0; g + 1 < g1; g += 2, ++i)
+            Mn = _mm512_dpwssd_epi32(Mn, mn_pairs[i], _mm512_set1_epi32(*static_cast<const i32u*>(
+                                                          static_cast<const void*>(asum + g))));
+        if (g < g1) Mn = _mm512_add_epi32(Mn, _mm512_mullo_epi32(mn_last, _mm512_set1_epi32(asum[g])));
+        const __m512 t = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(Mn), _mm512_mul_ps(_mm512_cvtepi32_ps(S), d));
+        float* o = ocol + row * w.n;
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(x.ascale[row * ns + s]), t, _mm512_loadu_ps(o)));
+    }
+}
+
+template <int BITS, int GROUP>
+SPECDEC_AMX void kernel(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
+    constexpr int ROWS_PER_GROUP = GROUP / 4;              // tile rows (4 k each) one group fills
+    const int64_t ng = w.ngroups(), ns = w.nsuper(), tb = w.tile_bytes(), K = w.k, M = x.m;
+    // a superblock's planes in chunks of 64 k (16 tile rows of 64 bytes); a partial last chunk is zero-padded, and
+    // the activation columns it then reads past the superblock (x.a carries 64 bytes of slack) multiply zeros
+    const int64_t chunks_max = (int64_t(w.sb) * GROUP + 63) / 64;
+    // lo and hi planes, then Mn's pairs of group mins (one 64-byte vector per two groups), on 64-byte boundaries
+    std::vector<uint8_t> raw(size_t(2 * chunks_max * 1024 + (w.sb / 2 + 1) * 64 + 64));
+    uint8_t* lo = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw.data()) + 63) & ~uintptr_t(63));
+    uint8_t* hi = lo + chunks_max * 1024;
+    __m512i* mn_pairs = reinterpret_cast<__m512i*>(hi + chunks_max * 1024);
+    alignas(64) int32_t C[4][16][16];                      // (rows 0-15, 16-31) x (lo, hi) products
+    int configured = -1;
+    // Column blocks in runs of COLUMN_BLOCKS, superblocks inside a run: the rows' activations of one superblock are
+    // read from L2 by every column block of the run (in column-block order they would stream from memory each time).
+    for (int64_t run = cb0; run < cb1; run += COLUMN_BLOCKS) {
+        const int64_t run_end = std::min(cb1, run + COLUMN_BLOCKS);
+        for (int64_t r = 0; r < M; ++r)
+            for (int64_t cb = run; cb < run_end; ++cb) _mm512_storeu_ps(out + r * w.n + cb * 16, _mm512_setzero_ps());
+        for (int64_t s = 0; s < ns; ++s) {
+            const int64_t g0 = s * w.sb, g1 = std::min(ng, g0 + w.sb);
+            const int64_t span = (g1 - g0) * GROUP, chunks = (span + 63) / 64;
+            for (int64_t cb = run; cb < run_end; ++cb) {
+                float* ocol = out + cb * 16;
+                for (int64_t g = g0; g < g1; ++g) {
+                    const int64_t at = (g - g0) * ROWS_PER_GROUP * 64;
+                    scaled_planes<BITS, GROUP>(w.qw + (cb * ng + g) * tb, w.sc + (cb * ng + g) * 16, lo + at, hi + at);
+                }
+                if (span % 64) {
+                    std::fill(lo + span * 16, lo + chunks * 1024, uint8_t(0));
+                    std::fill(hi + span * 16, hi + chunks * 1024, uint8_t(0));
+                }
+                int64_t g = g0;
+                for (int i = 0; g + 1 < g1; g += 2, ++i) {   // Mn's int16 pairs of group mins, as the VNNI kernel's
+                    const __m128i ml = _mm_loadu_si128((const __m128i*)(w.mn + (cb * ng + g) * 16));
+                    const __m128i mh = _mm_loadu_si128((const __m128i*)(w.mn + (cb * ng + g + 1) * 16));
+                    mn_pairs[i] = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(ml, mh), _mm_unpacklo_epi8(ml, mh)));
+                }
+                const __m512i mn_last = g < g1 ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w.mn + (cb * ng + g) * 16)))
+                                               : _mm512_setzero_si512();
+                const uint16_t* dm = w.dm + (cb * ns + s) * 32;
+                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)dm));
+                const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + 16)));
+                const int8_t* a = x.a + g0 * GROUP;
+                for (int64_t r0 = 0; r0 < M; r0 += 32) {   // 32 rows per load of the codes: two row tiles
+                    const int rows0 = int(std::min<int64_t>(16, M - r0)), rows1 = int(std::min<int64_t>(16, std::max<int64_t>(0, M - r0 - 16)));
+                    if (rows0 * 32 + rows1 != configured) configure(rows0, rows1), configured = rows0 * 32 + rows1;
+                    _tile_zero(3);
+                    _tile_zero(4);
+                    if (rows1) {
+                        _tile_zero(6);
+                        _tile_zero(7);
+                    }
+                    for (int64_t c = 0; c < chunks; ++c) {
+                        _tile_loadd(1, lo + c * 1024, 64);
+                        _tile_loadd(2, hi + c * 1024, 64);
+                        _tile_loadd(0, a + r0 * K + c * 64, K);
+                        _tile_dpbsud(3, 0, 1);
+                        _tile_dpbssd(4, 0, 2);
+                        if (rows1) {
+                            _tile_loadd(5, a + (r0 + 16) * K + c * 64, K);
+                            _tile_dpbsud(6, 5, 1);
+                            _tile_dpbssd(7, 5, 2);
+                        }
+                    }
+                    _tile_stored(3, C[0], 64);
+                    _tile_stored(4, C[1], 64);
+                    if (rows1) {
+                        _tile_stored(6, C[2], 64);
+                        _tile_stored(7, C[3], 64);
+                    }
+                    epilogue(w, x, C[0], C[1], mn_pairs, mn_last, g0, g1, s, d, dmin, ocol, r0, rows0);
+                    if (rows1) epilogue(w, x, C[2], C[3], mn_pairs, mn_last, g0, g1, s, d, dmin, ocol, r0 + 16, rows1);
+                }
+            }
+        }
+        if (bias)
+            for (int64_t r = 0; r < M; ++r)
+                for (int64_t cb = run; cb < run_end; ++cb) {
+                    float* o = out + r * w.n + cb * 16;
+                    _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_loadu_ps(bias + cb * 16)));
+                }
+    }
+    if (configured >= 0) _tile_release();
+}
+
+}  // namespace
+
+void qlinear_amx(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
+    if (w.bits == 4 && w.group == 32) return kernel<4, 32>(w, x, bias, out, cb0, cb1);
+    if (w.bits == 8 && w.group == 32) return kernel<8, 32>(w, x, bias, out, cb0, cb1);
+    if (w.bits == 8 && w.group == 16) return kernel<8, 16>(w, x, bias, out, cb0, cb1);
+    if (w.bits == 4 && w.group == 16) return kernel<4, 16>(w, x, bias, out, cb0, cb1);
+    if (w.bits == 6 && w.group == 16) return kernel<6, 16>(w, x, bias, out, cb0, cb1);
+    if (w.bits == 6 && w.group == 32) return kernel<6, 32>(w, x, bias, out, cb0, cb1);
+    qlinear_avx512(w, x, bias, out, cb0, cb1);
+}
+
+}  // namespace specdec
+
+#else  // not x86-64 Linux with GCC/Clang: no AMX
+
+namespace specdec {
+bool cpu_has_amx() { return false; }
+void qlinear_amx(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
+    qlinear_avx512(w, x, bias, out, cb0, cb1);
+}
+}  // namespace specdec
+
+#endif
