@@ -113,7 +113,7 @@ constexpr int COLUMN_BLOCKS = 8;   // column blocks a superblock's activations (
 // S = 256 hi + lo, then Mn and the float epilogue, the VNNI kernel's arithmetic instruction for instruction.
 SPECDEC_AMX void epilogue(const QWeight& w, const QAct& x, const int32_t (*Clo)[16], const int32_t (*Chi)[16],
                           const __m512i* mn_pairs, const __m512i mn_last, int64_t g0, int64_t g1, int64_t s,
-                          const __m512 d, const __m512 dmin, float* ocol, int64_t r0, int rows) {
+                          const __m512 d, const __m512 dmin, float* ocol, int64_t r0, int rows) {   // ocol: [M, 16]
     const int64_t ns = w.nsuper(), ngp = x.asum_stride;
     for (int r = 0; r < rows; ++r) {
         const int64_t row = r0 + r;
@@ -126,8 +126,8 @@ SPECDEC_AMX void epilogue(const QWeight& w, const QAct& x, const int32_t (*Clo)[
                                                           static_cast<const void*>(asum + g))));
         if (g < g1) Mn = _mm512_add_epi32(Mn, _mm512_mullo_epi32(mn_last, _mm512_set1_epi32(asum[g])));
         const __m512 t = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(Mn), _mm512_mul_ps(_mm512_cvtepi32_ps(S), d));
-        float* o = ocol + row * w.n;
-        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(x.ascale[row * ns + s]), t, _mm512_loadu_ps(o)));
+        float* o = ocol + row * 16;
+        _mm512_store_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(x.ascale[row * ns + s]), t, _mm512_load_ps(o)));
     }
 }
 
@@ -145,17 +145,21 @@ SPECDEC_AMX void kernel(const QWeight& w, const QAct& x, const float* bias, floa
     __m512i* mn_pairs = reinterpret_cast<__m512i*>(hi + chunks_max * 1024);
     alignas(64) int32_t C[4][16][16];                      // (rows 0-15, 16-31) x (lo, hi) products
     int configured = -1;
+    // A run's sums build up in `acc`, column block by column block ([COLUMN_BLOCKS][M][16], contiguous), and are
+    // copied to `out` once: built up in `out` itself, every superblock would touch M rows n floats apart (a page
+    // each, past the TLB's reach for a long prompt chunk).
+    std::vector<float> acc_raw(size_t(COLUMN_BLOCKS * M * 16 + 16));
+    float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(acc_raw.data()) + 63) & ~uintptr_t(63));
     // Column blocks in runs of COLUMN_BLOCKS, superblocks inside a run: the rows' activations of one superblock are
     // read from L2 by every column block of the run (in column-block order they would stream from memory each time).
     for (int64_t run = cb0; run < cb1; run += COLUMN_BLOCKS) {
         const int64_t run_end = std::min(cb1, run + COLUMN_BLOCKS);
-        for (int64_t r = 0; r < M; ++r)
-            for (int64_t cb = run; cb < run_end; ++cb) _mm512_storeu_ps(out + r * w.n + cb * 16, _mm512_setzero_ps());
+        std::fill(acc, acc + (run_end - run) * M * 16, 0.f);
         for (int64_t s = 0; s < ns; ++s) {
             const int64_t g0 = s * w.sb, g1 = std::min(ng, g0 + w.sb);
             const int64_t span = (g1 - g0) * GROUP, chunks = (span + 63) / 64;
             for (int64_t cb = run; cb < run_end; ++cb) {
-                float* ocol = out + cb * 16;
+                float* ocol = acc + (cb - run) * M * 16;
                 for (int64_t g = g0; g < g1; ++g) {
                     const int64_t at = (g - g0) * ROWS_PER_GROUP * 64;
                     scaled_planes<BITS, GROUP>(w.qw + (cb * ng + g) * tb, w.sc + (cb * ng + g) * 16, lo + at, hi + at);
@@ -208,12 +212,11 @@ SPECDEC_AMX void kernel(const QWeight& w, const QAct& x, const float* bias, floa
                 }
             }
         }
-        if (bias)
-            for (int64_t r = 0; r < M; ++r)
-                for (int64_t cb = run; cb < run_end; ++cb) {
-                    float* o = out + r * w.n + cb * 16;
-                    _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_loadu_ps(bias + cb * 16)));
-                }
+        for (int64_t r = 0; r < M; ++r)
+            for (int64_t cb = run; cb < run_end; ++cb) {
+                const __m512 v = _mm512_load_ps(acc + ((cb - run) * M + r) * 16);
+                _mm512_storeu_ps(out + r * w.n + cb * 16, bias ? _mm512_add_ps(v, _mm512_loadu_ps(bias + cb * 16)) : v);
+            }
     }
     if (configured >= 0) _tile_release();
 }
