@@ -104,7 +104,11 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
             if (bf16_in) {
                 c10::BFloat16* ob = out_bf16.data_ptr<c10::BFloat16>();
                 for (int64_t r = 0; r < m; ++r)
-                    for (int64_t j = c0 * 16; j < c1 * 16; ++j) ob[r * n + j] = c10::BFloat16(op[r * n + j]);
+                    if (use_avx)
+                        specdec::to_bf16_avx512(op + r * n + c0 * 16, reinterpret_cast<uint16_t*>(ob + r * n + c0 * 16),
+                                                (c1 - c0) * 16);
+                    else
+                        for (int64_t j = c0 * 16; j < c1 * 16; ++j) ob[r * n + j] = c10::BFloat16(op[r * n + j]);
             }
         });
     }

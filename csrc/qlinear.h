@@ -69,6 +69,8 @@ inline float to_float(uint16_t bf16_bits) {   // bf16 -> fp32 is exact: the bits
 void qlinear_portable(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1);
 void qlinear_avx512(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1);
 bool cpu_has_avx512_vnni();
+// fp32 -> bf16 bits as c10::BFloat16 rounds them (count: a multiple of 16; AVX-512 CPUs only)
+void to_bf16_avx512(const float* src, uint16_t* dst, int64_t count);
 // AMX-INT8 tile multiplies (bit-identical to the AVX-512 kernel); cpu_has_amx() also asks Linux for the tile state
 void qlinear_amx(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1);
 bool cpu_has_amx();

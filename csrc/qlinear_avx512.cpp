@@ -211,6 +211,19 @@ void quantize_rows_avx512(const T* x, int64_t m, int64_t k, int group, int sb, i
 template void quantize_rows_avx512<float>(const float*, int64_t, int64_t, int, int, int8_t*, int16_t*, float*);
 template void quantize_rows_avx512<uint16_t>(const uint16_t*, int64_t, int64_t, int, int, int8_t*, int16_t*, float*);
 
+SPECDEC_AVX512 void to_bf16_avx512(const float* src, uint16_t* dst, int64_t count) {
+    // c10::BFloat16's rounding, 16 at a time: round half to even on the bits, a NaN to 0x7FC0 (count: a multiple of 16)
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF), qnan = _mm512_set1_epi32(0x7FC0);
+    for (int64_t i = 0; i < count; i += 16) {
+        const __m512 v = _mm512_loadu_ps(src + i);
+        const __m512i u = _mm512_castps_si512(v);
+        const __m512i bias = _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
+        _mm256_storeu_si256((__m256i*)(dst + i), _mm512_cvtepi32_epi16(r));
+    }
+}
+
 void qlinear_avx512(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
     if (w.bits == 4 && w.group == 32) return kernel<4, 32>(w, x, bias, out, cb0, cb1);
     if (w.bits == 8 && w.group == 32) return kernel<8, 32>(w, x, bias, out, cb0, cb1);
@@ -227,6 +240,7 @@ void qlinear_avx512(const QWeight& w, const QAct& x, const float* bias, float* o
 
 namespace specdec {
 bool cpu_has_avx512_vnni() { return false; }
+void to_bf16_avx512(const float*, uint16_t*, int64_t) {}
 void set_prefetch_distance(int64_t) {}
 int64_t prefetch_distance() { return 0; }
 template <typename T>

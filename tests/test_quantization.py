@@ -93,6 +93,10 @@ def test_portable_kernel_equals_avx512(fmt):
     lin = BlockQuantLinear(pack(_random_codes(*fmt)), torch.randn(80))
     for m in (1, 2, 5, 6, 7, 8, 9, 19):
         assert torch.equal(_run(lin, x[:m], "portable"), _run(lin, x[:m], "avx512")), m
+    # bf16 in, bf16 out: the vector rounding to bf16 is c10::BFloat16's, down to outputs in bf16's subnormal range
+    for scale in (1.0, 1e-35):
+        xb = (x * scale).bfloat16()
+        assert torch.equal(_run(lin, xb, "portable").view(torch.int16), _run(lin, xb, "avx512").view(torch.int16))
 
 
 @pytest.mark.skipif(not ext.has_amx(), reason="this CPU (or its Linux) does not run AMX-INT8 tiles")
