@@ -54,11 +54,14 @@ def _replace(model: nn.Module, make) -> int:
     return count
 
 
-def _batch_invariant_attention(model: nn.Module) -> None:
-    """bf16 models: pad attention to fixed query rows and key blocks (see Transformer.min_query_rows)."""
+def _batch_invariant_attention(model: nn.Module, any_dtype: bool = False) -> None:
+    """Models whose linears give a row the same bits at any row count -- bf16 (oneDNN packed or ours), and int4
+    blocks whatever the activations' dtype -- pad attention to fixed query rows and key blocks (see
+    Transformer.min_query_rows) and are batch-invariant. fp32 through oneDNN is not (its GEMMs round by row count), so
+    its prompt rows keep flash attention, whose rows round by query count on some CPUs (Intel with AMX)."""
     from ..packed_linear import KEY_BLOCK, MIN_ROWS
 
-    if model.embed_tokens.weight.dtype == torch.bfloat16:
+    if any_dtype or model.embed_tokens.weight.dtype == torch.bfloat16:
         model.min_query_rows, model.key_block, model.batch_invariant = MIN_ROWS, KEY_BLOCK, True
 
 
@@ -100,5 +103,5 @@ def quantize_model(model: nn.Module, scheme: str | None, packed: dict | None = N
         return BlockQuantLinear(p, None if m.bias is None else m.bias.data)
 
     n = _replace(model, make)
-    _batch_invariant_attention(model)
+    _batch_invariant_attention(model, any_dtype=True)
     return n
