@@ -122,10 +122,11 @@ def test_amx_kernel_equals_avx512(fmt):
         assert torch.equal(_run(lin, signs, "amx"), _run(lin, signs, "avx512")), (q, sc)
 
 
-def test_auto_kernel_takes_amx_from_its_row_count_with_the_same_bits():
-    """`auto` switches kernels by row count (AMX from amx_min_rows where the CPU has it): a row's output does not
-    change across the switch, and the threshold is settable."""
-    lin = BlockQuantLinear(pack(_random_codes(4, 32, 256)), torch.randn(80))
+@pytest.mark.parametrize("fmt", [(4, 32, 256), (8, 32, 32)])
+def test_auto_kernel_takes_amx_from_its_row_count_with_the_same_bits(fmt):
+    """`auto` switches kernels by row count (AMX from amx_min_rows where the CPU has it, for superblocks of 256 k): a
+    row's output does not change across the switch, and the threshold is settable."""
+    lin = BlockQuantLinear(pack(_random_codes(*fmt)), torch.randn(80))
     x = torch.randn(64, 896)
     threshold = ext.amx_min_rows()
     try:
