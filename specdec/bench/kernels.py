@@ -11,8 +11,9 @@ the default for bf16: AVX-512 BF16, else AVX2 + FMA), aten-int4 (`_weight_int4pa
 aten-int8 (`_weight_int8pack_mm`, per channel), ours (specdec._C, 4-bit group 32 as built from Q4_K),
 ours-q6 (the same kernel on 6-bit codes in 16-k groups: how the GGUF's Q6_K tensors are held exactly), ours-q8
 (8-bit codes in 32-k groups, one scale each: Q8_0's shape, and the heads' int8 blocks), ours-portable
-(`ours` on the scalar kernel), ours-vnni / ours-amx (`ours` on one kernel whatever M; -q6, -q8: on Q6_K's, Q8_0's shapes). `ours`
-runs the AMX kernel from 28 rows on where the CPU has AMX-INT8, else the AVX-512 VNNI kernel, else the AVX2 one.
+(`ours` on the scalar kernel), ours-vnni / ours-amx (`ours` on one kernel whatever M; -q6, -q8: on Q6_K's and
+Q8_0's shapes). `ours` runs the AMX kernel from 28 rows on (Q4_K and Q6_K shapes) where the CPU has AMX-INT8, else the
+AVX-512 VNNI kernel, else the AVX2 one.
 """
 from __future__ import annotations
 

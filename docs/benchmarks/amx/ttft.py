@@ -38,7 +38,8 @@ def main() -> None:
             t0 = time.perf_counter()
             out = llm.generate(f"[round {r}, {kernel}]\n" + text, greedy)[0]
             times[kernel].append(time.perf_counter() - t0)
-            print(f"round {r} {kernel}: {len(out.prompt_token_ids)} prompt tokens, {times[kernel][-1]:.2f} s", flush=True)
+            print(f"round {r} {kernel}: {len(out.prompt_token_ids)} prompt tokens, {times[kernel][-1]:.2f} s",
+                  flush=True)
     C.set_amx_min_rows(default_rows)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"median s: vnni {med['vnni']:.2f}, amx {med['amx']:.2f}; vnni / amx {med['vnni'] / med['amx']:.2f}x "

