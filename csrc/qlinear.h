@@ -83,4 +83,17 @@ int64_t prefetch_distance();
 
 float half_to_float(uint16_t h);
 
+// The formats every vector kernel is instantiated for: KERNEL<bits, group>(args) for w's format, else FALLBACK(args)
+#define SPECDEC_DISPATCH_FORMAT(w, KERNEL, FALLBACK, ...)                                          \
+    do {                                                                                           \
+        const int bits_ = (w).bits, group_ = (w).group;                                            \
+        if (bits_ == 4 && group_ == 32) KERNEL<4, 32>(__VA_ARGS__);                                \
+        else if (bits_ == 4 && group_ == 16) KERNEL<4, 16>(__VA_ARGS__);                           \
+        else if (bits_ == 6 && group_ == 16) KERNEL<6, 16>(__VA_ARGS__);                           \
+        else if (bits_ == 6 && group_ == 32) KERNEL<6, 32>(__VA_ARGS__);                           \
+        else if (bits_ == 8 && group_ == 32) KERNEL<8, 32>(__VA_ARGS__);                           \
+        else if (bits_ == 8 && group_ == 16) KERNEL<8, 16>(__VA_ARGS__);                           \
+        else FALLBACK(__VA_ARGS__);                                                                \
+    } while (0)
+
 }  // namespace specdec

@@ -224,13 +224,7 @@ SPECDEC_AMX void kernel(const QWeight& w, const QAct& x, const float* bias, floa
 }  // namespace
 
 void qlinear_amx(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
-    if (w.bits == 4 && w.group == 32) return kernel<4, 32>(w, x, bias, out, cb0, cb1);
-    if (w.bits == 8 && w.group == 32) return kernel<8, 32>(w, x, bias, out, cb0, cb1);
-    if (w.bits == 8 && w.group == 16) return kernel<8, 16>(w, x, bias, out, cb0, cb1);
-    if (w.bits == 4 && w.group == 16) return kernel<4, 16>(w, x, bias, out, cb0, cb1);
-    if (w.bits == 6 && w.group == 16) return kernel<6, 16>(w, x, bias, out, cb0, cb1);
-    if (w.bits == 6 && w.group == 32) return kernel<6, 32>(w, x, bias, out, cb0, cb1);
-    qlinear_avx512(w, x, bias, out, cb0, cb1);
+    SPECDEC_DISPATCH_FORMAT(w, kernel, qlinear_avx512, w, x, bias, out, cb0, cb1);   // others: VNNI
 }
 
 }  // namespace specdec

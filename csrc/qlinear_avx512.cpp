@@ -225,13 +225,7 @@ SPECDEC_AVX512 void to_bf16_avx512(const float* src, uint16_t* dst, int64_t coun
 }
 
 void qlinear_avx512(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
-    if (w.bits == 4 && w.group == 32) return kernel<4, 32>(w, x, bias, out, cb0, cb1);
-    if (w.bits == 8 && w.group == 32) return kernel<8, 32>(w, x, bias, out, cb0, cb1);
-    if (w.bits == 8 && w.group == 16) return kernel<8, 16>(w, x, bias, out, cb0, cb1);
-    if (w.bits == 4 && w.group == 16) return kernel<4, 16>(w, x, bias, out, cb0, cb1);
-    if (w.bits == 6 && w.group == 16) return kernel<6, 16>(w, x, bias, out, cb0, cb1);
-    if (w.bits == 6 && w.group == 32) return kernel<6, 32>(w, x, bias, out, cb0, cb1);
-    qlinear_portable(w, x, bias, out, cb0, cb1);   // formats without a vector kernel
+    SPECDEC_DISPATCH_FORMAT(w, kernel, qlinear_portable, w, x, bias, out, cb0, cb1);   // others: the portable kernel
 }
 
 }  // namespace specdec
