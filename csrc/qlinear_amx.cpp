@@ -23,6 +23,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "qlinear_codes.h"
+
 #define SPECDEC_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 
 namespace specdec {
@@ -72,26 +74,7 @@ template <int BITS, int GROUP>
 SPECDEC_AMX void scaled_planes(const uint8_t* tile, const int8_t* sc, uint8_t* lo, uint8_t* hi) {
     constexpr int NREG = GROUP / 4;
     __m512i W[NREG];
-    if constexpr (BITS == 8) {
-        for (int j = 0; j < NREG; ++j) W[j] = _mm512_loadu_si512(tile + 64 * j);
-    } else {
-        const __m512i low4 = _mm512_set1_epi8(0x0F);
-        for (int i = 0; i < NREG / 2; ++i) {
-            const __m512i b = _mm512_loadu_si512(tile + 64 * i);
-            W[2 * i] = _mm512_and_si512(b, low4);
-            W[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
-        }
-        if constexpr (BITS == 6) {   // add the top 2 bits, as the VNNI kernel does
-            const __m512i two = _mm512_set1_epi8(0x03);
-            for (int h = 0; h < NREG / 4; ++h) {
-                const __m512i hb = _mm512_loadu_si512(tile + GROUP * 8 + 64 * h);
-                for (int j = 0; j < 4; ++j) {
-                    const __m512i top = _mm512_and_si512(_mm512_srli_epi16(hb, 2 * j), two);
-                    W[4 * h + j] = _mm512_or_si512(W[4 * h + j], _mm512_slli_epi16(top, 4));
-                }
-            }
-        }
-    }
+    load_codes<BITS, GROUP>(tile, W);
     // column c owns bytes 4c..4c+3 of a chunk: its scale in both int16 halves of 32-bit lane c
     const __m512i sc32 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)sc));
     const __m512i vsc2 = _mm512_or_si512(_mm512_and_si512(sc32, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc32, 16));

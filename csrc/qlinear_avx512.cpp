@@ -11,6 +11,8 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
+
+#include "qlinear_codes.h"
 #define SPECDEC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
 namespace specdec {
@@ -50,7 +52,6 @@ template <int BITS, int GROUP, int R>
 SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb, int64_t r0) {
     constexpr int NREG = GROUP / 4;                 // registers per tile: 16 lanes x 4 k each
     const int64_t ng = w.ngroups(), ns = w.nsuper(), tb = w.tile_bytes(), K = w.k, ngp = x.asum_stride;
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
     const int64_t pf = g_prefetch;
     float* orow = out + r0 * w.n + cb * 16;          // row r's 16 sums at orow + r * w.n
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(orow + r * w.n, _mm512_setzero_ps());
@@ -63,25 +64,7 @@ SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias
             if (pf)
                 for (int64_t i = 0; i < tb; i += 64) _mm_prefetch(reinterpret_cast<const char*>(tile + pf + i), _MM_HINT_T0);
             __m512i W[NREG];
-            if constexpr (BITS == 4 || BITS == 6) {
-                for (int i = 0; i < NREG / 2; ++i) {
-                    const __m512i b = _mm512_loadu_si512(tile + 64 * i);
-                    W[2 * i] = _mm512_and_si512(b, low4);
-                    W[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
-                }
-                if constexpr (BITS == 6) {   // add the top 2 bits: (plane >> 2j) & 3, moved to bits 4-5
-                    const __m512i two = _mm512_set1_epi8(0x03);
-                    for (int h = 0; h < NREG / 4; ++h) {
-                        const __m512i hb = _mm512_loadu_si512(tile + GROUP * 8 + 64 * h);
-                        for (int j = 0; j < 4; ++j) {
-                            const __m512i top = _mm512_and_si512(_mm512_srli_epi16(hb, 2 * j), two);
-                            W[4 * h + j] = _mm512_or_si512(W[4 * h + j], _mm512_slli_epi16(top, 4));
-                        }
-                    }
-                }
-            } else {
-                for (int j = 0; j < NREG; ++j) W[j] = _mm512_loadu_si512(tile + 64 * j);
-            }
+            load_codes<BITS, GROUP>(tile, W);
             // 4-bit codes in groups of 32: the group scale, per column in both int16 halves of its lane, and
             // S += d0 * sc + d1 * sc in one vpdpwssd (each chain covers 16 k: |d| <= 16 * 15 * 127 = 30480 fits
             // int16; the sum is the same exact int32 as (d0 + d1) * sc, which the portable kernel computes)

@@ -1,0 +1,35 @@
+// One group tile of codes as bytes in registers, for the AVX-512 kernels (VNNI and AMX): GROUP/4 registers, each 16
+// columns x 4 consecutive k (the layout in qlinear.h). 4-bit codes: low and high nibbles of each 64-byte chunk; 6-bit:
+// those plus the top 2 bits from their plane, (plane >> 2j) & 3 moved to bits 4-5; 8-bit: the bytes as they lie.
+// Include only from a file compiled for x86-64 with GCC or Clang, after <immintrin.h>.
+#pragma once
+#include <cstdint>
+
+namespace specdec {
+
+template <int BITS, int GROUP>
+__attribute__((target("avx512f,avx512bw"), always_inline)) inline void load_codes(const uint8_t* tile, __m512i* W) {
+    constexpr int NREG = GROUP / 4;
+    if constexpr (BITS == 8) {
+        for (int j = 0; j < NREG; ++j) W[j] = _mm512_loadu_si512(tile + 64 * j);
+    } else {
+        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        for (int i = 0; i < NREG / 2; ++i) {
+            const __m512i b = _mm512_loadu_si512(tile + 64 * i);
+            W[2 * i] = _mm512_and_si512(b, low4);
+            W[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
+        }
+        if constexpr (BITS == 6) {
+            const __m512i two = _mm512_set1_epi8(0x03);
+            for (int h = 0; h < NREG / 4; ++h) {
+                const __m512i hb = _mm512_loadu_si512(tile + GROUP * 8 + 64 * h);
+                for (int j = 0; j < 4; ++j) {
+                    const __m512i top = _mm512_and_si512(_mm512_srli_epi16(hb, 2 * j), two);
+                    W[4 * h + j] = _mm512_or_si512(W[4 * h + j], _mm512_slli_epi16(top, 4));
+                }
+            }
+        }
+    }
+}
+
+}  // namespace specdec
