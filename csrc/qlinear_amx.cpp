@@ -6,9 +6,8 @@
 // row: a superblock's integer sum S is two tile products, with no per-group step in between.
 //
 // S = sum_g sc_g * <q, a>_g and Mn are exact (wrapping int32, as in the VNNI kernel); the float epilogue per
-// superblock is the VNNI kernel's, instruction for instruction. So a row's
-// output is bit-identical to the VNNI and portable kernels' (tests/test_quantization.py), whichever kernel a call
-// takes and however many rows share it.
+// superblock is the VNNI kernel's, instruction for instruction. So a row's output is bit-identical to the VNNI and
+// portable kernels' (tests/test_quantization.py), whichever kernel a call takes and however many rows share it.
 //
 // Linux hands out the tile registers' state only on request (arch_prctl ARCH_REQ_XCOMP_PERM): cpu_has_amx() asks
 // once, and says no where the CPU lacks AMX-INT8 or the kernel refuses.
@@ -152,11 +151,7 @@ SPECDEC_AMX void kernel(const QWeight& w, const QAct& x, const float* bias, floa
                     std::fill(hi + span * 16, hi + chunks * 1024, uint8_t(0));
                 }
                 int64_t g = g0;
-                for (int i = 0; g + 1 < g1; g += 2, ++i) {   // Mn's int16 pairs of group mins, as the VNNI kernel's
-                    const __m128i ml = _mm_loadu_si128((const __m128i*)(w.mn + (cb * ng + g) * 16));
-                    const __m128i mh = _mm_loadu_si128((const __m128i*)(w.mn + (cb * ng + g + 1) * 16));
-                    mn_pairs[i] = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(ml, mh), _mm_unpacklo_epi8(ml, mh)));
-                }
+                for (int i = 0; g + 1 < g1; g += 2, ++i) mn_pairs[i] = mins_pair(w.mn + (cb * ng + g) * 16);
                 const __m512i mn_last = g < g1 ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w.mn + (cb * ng + g) * 16)))
                                                : _mm512_setzero_si512();
                 const uint16_t* dm = w.dm + (cb * ns + s) * 32;

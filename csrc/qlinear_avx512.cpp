@@ -89,9 +89,7 @@ SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias
         // Mn = sum_g mn_g * asum_g: two groups per instruction (int16 pairs), a last odd group alone.
         int64_t g = g0;
         for (; g + 1 < g1; g += 2) {
-            const __m128i lo = _mm_loadu_si128((const __m128i*)(w.mn + (cb * ng + g) * 16));
-            const __m128i hi = _mm_loadu_si128((const __m128i*)(w.mn + (cb * ng + g + 1) * 16));
-            const __m512i pair = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi)));
+            const __m512i pair = mins_pair(w.mn + (cb * ng + g) * 16);
             for (int r = 0; r < R; ++r) Mn[r] = _mm512_dpwssd_epi32(Mn[r], pair, bcast4(x.asum + (r0 + r) * ngp + g));
         }
         if (g < g1) {

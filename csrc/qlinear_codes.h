@@ -1,4 +1,4 @@
-// One group tile of codes as bytes in registers, for the AVX-512 kernels (VNNI and AMX): GROUP/4 registers, each 16
+// What the AVX-512 kernels (VNNI and AMX) load alike. One group tile of codes as bytes in registers: GROUP/4 registers, each 16
 // columns x 4 consecutive k (the layout in qlinear.h). 4-bit codes: low and high nibbles of each 64-byte chunk; 6-bit:
 // those plus the top 2 bits from their plane, (plane >> 2j) & 3 moved to bits 4-5; 8-bit: the bytes as they lie.
 // Include only from a file compiled for x86-64 with GCC or Clang, after <immintrin.h>.
@@ -30,6 +30,13 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline void load_code
             }
         }
     }
+}
+
+// Two consecutive groups' mins (16 columns each, at mn and mn + 16) as int16 pairs, group g in the low half of each
+// 32-bit lane and g + 1 in the high: one operand of the vpdpwssd that sums Mn over two groups.
+__attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i mins_pair(const int8_t* mn) {
+    const __m128i lo = _mm_loadu_si128((const __m128i*)mn), hi = _mm_loadu_si128((const __m128i*)(mn + 16));
+    return _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi)));
 }
 
 }  // namespace specdec

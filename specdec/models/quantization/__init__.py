@@ -54,15 +54,12 @@ def _replace(model: nn.Module, make) -> int:
     return count
 
 
-def _batch_invariant_attention(model: nn.Module, any_dtype: bool = False) -> None:
-    """Models whose linears give a row the same bits at any row count -- bf16 (oneDNN packed or ours), and int4
-    blocks whatever the activations' dtype -- pad attention to fixed query rows and key blocks (see
-    Transformer.min_query_rows) and are batch-invariant. fp32 through oneDNN is not (its GEMMs round by row count), so
-    its prompt rows keep flash attention, whose rows round by query count on some CPUs (Intel with AMX)."""
+def _batch_invariant_attention(model: nn.Module) -> None:
+    """For models whose linears give a row the same bits at any row count: pad attention to fixed query rows and key
+    blocks (see Transformer.min_query_rows) and mark the model batch-invariant."""
     from ..packed_linear import KEY_BLOCK, MIN_ROWS
 
-    if any_dtype or model.embed_tokens.weight.dtype == torch.bfloat16:
-        model.min_query_rows, model.key_block, model.batch_invariant = MIN_ROWS, KEY_BLOCK, True
+    model.min_query_rows, model.key_block, model.batch_invariant = MIN_ROWS, KEY_BLOCK, True
 
 
 def quantize_model(model: nn.Module, scheme: str | None, packed: dict | None = None) -> int:
@@ -80,7 +77,10 @@ def quantize_model(model: nn.Module, scheme: str | None, packed: dict | None = N
             return 0   # nothing to pack off CPU
         _untie_head(model)
         n = _replace(model, lambda name, m: pack_linear(m.weight.data, None if m.bias is None else m.bias.data))
-        _batch_invariant_attention(model)
+        # bf16 linears (oneDNN packed or ours) are batch-invariant; fp32 through oneDNN is not (its GEMMs round by row
+        # count), so its prompt rows keep flash attention
+        if model.embed_tokens.weight.dtype == torch.bfloat16:
+            _batch_invariant_attention(model)
         return n
     if device.type != "cpu":
         raise SpecDecError(f"{scheme} weight-only quantization is available on CPU only")
@@ -103,5 +103,7 @@ def quantize_model(model: nn.Module, scheme: str | None, packed: dict | None = N
         return BlockQuantLinear(p, None if m.bias is None else m.bias.data)
 
     n = _replace(model, make)
-    _batch_invariant_attention(model, any_dtype=True)
+    # int4 blocks are batch-invariant whatever the activations' dtype (fp32 ones too: their prompt rows would
+    # otherwise keep ATen's flash attention, whose rows round by query count on some CPUs, Intel with AMX)
+    _batch_invariant_attention(model)
     return n
