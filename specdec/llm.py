@@ -22,7 +22,7 @@ from .models.heads import LoadedHead
 from .models.loader import LoadedModel
 from .policy import CostModel, PolicyConfig
 from .policy.cost_model import read_cost_file
-from .policy.measure import measure_cost_model
+from .policy.measure import measure_cost_model, measure_quietly
 from .policy.pools import SpeculationPolicy
 from .proposers.ngram import find_ngram_continuation
 from .sampling_params import SamplingParams
@@ -35,7 +35,7 @@ log = logging.getLogger("specdec")
 # and c by context buckets (rows attending in blocks), 10 = also at a long context, 9 = heads timed after a target
 # forward, as the engine runs them (8: int4 tiles of up to 9 rows, 7: learned heads' costs, 6: kernel weights in 2 MB
 # pages, 5: bf16 on specdec._C)
-COST_MODEL_REVISION = 13
+COST_MODEL_REVISION = 14
 
 Prompt = str | list[dict]   # raw text or chat messages
 
@@ -172,11 +172,16 @@ class LLM:
         saved = read_cost_file(path, key, COST_MODEL_REVISION)   # None: none, unreadable or another version's
         if saved is not None:
             return saved
-        cost = measure_cost_model(self.target.model, self.draft.model if self.draft else None,
-                                  lambda ids: find_ngram_continuation(ids, k_max, self.speculative.prompt_lookup_max,
-                                                                      self.speculative.prompt_lookup_min), k_max,
-                                  max_rows=max_rows, heads={m: self.engine.proposers[m] for m in self.heads})
-        write_json_atomic(path, {**cost.to_dict(), "key": key, "revision": COST_MODEL_REVISION})
+        cost, clean = measure_quietly(lambda: measure_cost_model(
+            self.target.model, self.draft.model if self.draft else None,
+            lambda ids: find_ngram_continuation(ids, k_max, self.speculative.prompt_lookup_max,
+                                                self.speculative.prompt_lookup_min), k_max,
+            max_rows=max_rows, heads={m: self.engine.proposers[m] for m in self.heads}))
+        if clean:
+            write_json_atomic(path, {**cost.to_dict(), "key": key, "revision": COST_MODEL_REVISION})
+        else:       # kept for this run only: the next start measures again
+            log.warning("the cost model was measured while other processes kept this machine busy; it is not "
+                        "cached and will be measured again at the next start")
         return cost
 
     # -- generation -------------------------------------------------------------------------------------------

@@ -4,26 +4,15 @@ measured. Linux only (/proc/stat); elsewhere it does not wait."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-STAT = Path("/proc/stat")
-
-
-def _cpu_times() -> tuple[int, int] | None:
-    """(idle + iowait, total) jiffies over all CPUs, or None where /proc/stat is not there."""
-    try:
-        fields = STAT.read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
-        return None
-    values = [int(x) for x in fields]
-    return values[3] + (values[4] if len(values) > 4 else 0), sum(values[:8])
+from ..policy.quiet import cpu_times
 
 
 def busy_fraction(window_s: float = 0.25) -> float | None:
     """The share of all CPUs' time spent busy over the next `window_s` seconds (None: cannot tell)."""
-    a = _cpu_times()
+    a = cpu_times()
     time.sleep(window_s)
-    b = _cpu_times()
+    b = cpu_times()
     if a is None or b is None or b[1] <= a[1]:
         return None
     return 1.0 - (b[0] - a[0]) / (b[1] - a[1])

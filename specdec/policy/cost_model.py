@@ -159,13 +159,24 @@ def read_cost_file(path, key: str, revision: int) -> CostModel | None:
     return cost if sane else None
 
 
+def prompt_read(cost: CostModel, context: int, max_tokens: int) -> float:
+    """A draft model's read of a `context`-token prompt (cost.draft_prefill_s a token, paid once before it first
+    drafts), as a share of the plain decode of `max_tokens` tokens (0 where either cost is unknown)."""
+    if not cost.draft_prefill_s or not cost.target_step_s or max_tokens <= 0:
+        return 0.0
+    return context * cost.draft_prefill_s / (max_tokens * cost.target_step_s)
+
+
+def amortized(speedup: float, read: float) -> float:
+    """The speedup over a whole request of a proposer that decodes `speedup`x plain per step after a one-off read
+    costing `read` of the plain decode's time (prompt_read)."""
+    return 1.0 / (1.0 / speedup + read)
+
+
 def prefill_pays(cost: CostModel, context: int, max_tokens: int, speedup: float) -> bool:
-    """Does a draft model that must first read a `context`-token prompt (cost.draft_prefill_s a token, paid before
-    it first drafts) win back that time over at most `max_tokens` decode steps at `speedup`? Unknown costs: yes."""
-    if not cost.draft_prefill_s or not cost.target_step_s or speedup <= 1.0:
-        return speedup > 1.0
-    saved = max_tokens * cost.target_step_s * (1.0 - 1.0 / speedup)
-    return saved > context * cost.draft_prefill_s
+    """Does a draft model that must first read a `context`-token prompt win back that time over at most
+    `max_tokens` decode steps at `speedup`? Unknown costs: yes."""
+    return amortized(speedup, prompt_read(cost, context, max_tokens)) > 1.0 if speedup > 1.0 else False
 
 
 def prices(method: str, cost: CostModel) -> bool:

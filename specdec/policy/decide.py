@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..config import K_MAX, K_MIN, METHOD_TABLE, PLAIN, draft_model_method, get_method, lookup_method
-from .cost_model import CostModel, StepBudget, best_k, expected_tokens, prefill_pays, prices
+from .cost_model import CostModel, StepBudget, amortized, best_k, expected_tokens, prefill_pays, prices, prompt_read
 
 # StepController's two sources of a step's draft: its model proposer (k draft steps) or prompt lookup's guess
 MODEL, LOOKUP = "model", "lookup"
@@ -148,18 +148,34 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
     if not cands:
         return Decision(PLAIN, 0, 1.0, "; ".join(skipped) or "no method is expected to beat plain decoding",
                         gated=len(skipped) == len(available))
-    best = max(cands.values(), key=lambda d: d.expected_speedup)
+    read = {m: prompt_read(cost, features.context, features.max_tokens) if get_method(m).needs == "draft_model"
+            else 0.0 for m in cands}
+
+    def overall(m: str, s: float) -> float:       # over the whole request: per-step speedup s, the prompt read paid
+        return amortized(s, read[m])
+    best = max(cands.values(), key=lambda d: overall(d.method, d.expected_speedup))
     if best.expected_speedup < cfg.min_speedup:
         return Decision(PLAIN, 0, 1.0, f"best {best.method} k={best.k} expected {best.expected_speedup:.2f}x "
                                         f"< {cfg.min_speedup:.2f}x (α={best.alpha:.2f})", best.alpha)
     models = [d for m, d in cands.items() if get_method(m).drafts_with_model]
-    draft = max(models, key=lambda d: d.expected_speedup) if models else None
+    draft = max(models, key=lambda d: overall(d.method, d.expected_speedup)) if models else None
     alone = get_method(best.method).free and best.method != lookup_method()   # a cache runs alone where it wins
+    lookup = cands.get(lookup_method())
     if draft is not None and draft.expected_speedup >= cfg.min_speedup and lookup_method() in available and not alone:
         # the best model proposer (draft model or head) runs whenever it pays: prompt lookup still takes the steps
-        # where its guess is the better bet (StepController), so the pair does at least as well as lookup alone
-        draft.reason += f" (lookup where it beats the {draft.method})"
-        return draft
+        # where its guess is the better bet (StepController), so the pair does at least as well per step as lookup
+        # alone. But a draft model's prompt read is paid once, in the decode: lookup runs alone where even the
+        # pair's best case, each proposer adding its own gain over plain (s_draft + s_lookup - 1; served long code
+        # edits came close to it), would finish the request later than lookup alone once the read is paid
+        s_lookup = lookup.expected_speedup if lookup is not None else 1.0
+        pair = overall(draft.method, draft.expected_speedup + s_lookup - 1.0)
+        if pair >= s_lookup:
+            draft.reason += f" (lookup where it beats the {draft.method})"
+            return draft
+        if lookup is not None:
+            lookup.reason += (f"; alone: the {draft.method}'s {features.context}-token prompt read leaves the pair "
+                              f"{pair:.2f}x over {features.max_tokens} tokens")
+            return lookup
     return best
 
 

@@ -16,8 +16,8 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from ..config import PLAIN, lookup_method
-from .cost_model import CostModel
+from ..config import PLAIN, get_method, lookup_method
+from .cost_model import CostModel, prompt_read
 from .decide import (
     Decision,
     Guesser,
@@ -30,6 +30,10 @@ from .decide import (
     prior_alpha,
     temperature_bucket,
 )
+
+# a draft model is explored (its first requests in a pool, run whatever the policy expects) only on prompts whose read
+# costs at most this share of the request's plain decode: a long prompt's read would land in that request's decode
+EXPLORE_READ = 0.1
 
 log = logging.getLogger("specdec.policy")
 
@@ -192,6 +196,9 @@ class SpeculationPolicy:
                 e = choose(features, {m: None}, self.cost, self.cfg, (m,), self.max_context)
                 if e.gated:
                     return d                 # the draft cannot pay for reading this prompt: nothing to learn here
+                if get_method(m).needs == "draft_model" and \
+                        prompt_read(self.cost, features.context, features.max_tokens) > EXPLORE_READ:
+                    return d                 # learn the draft's acceptance on a prompt it reads cheaply
                 k = e.k or 1
                 return Decision(m, k, e.expected_speedup, f"exploring {m} k={k} in pool '{pool_name}' "
                                 f"({bucket}): no observation yet",
