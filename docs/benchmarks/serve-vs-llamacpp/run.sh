@@ -37,9 +37,10 @@ pids=()
 stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 trap stop_all EXIT
 wait_up() { for _ in $(seq 900); do curl -sf "$1/health" >/dev/null && return 0; sleep 1; done; echo "$1 never came up" >&2; exit 1; }
-specdec_up() {   # port log [serve args...]
+specdec_up() {   # port log [serve args...]: waits until it is up, so its cost model is measured on a quiet machine
   local port=$1 log=$2; shift 2
   .venv/bin/specdec serve --port "$port" "$@" > "$log" 2>&1 & pids+=($!)
+  wait_up "http://127.0.0.1:$port"
 }
 llama_up() {     # port log [llama-server args...]
   local port=$1 log=$2; shift 2
