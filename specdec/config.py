@@ -48,6 +48,9 @@ class Method:
     # a method without a proposer of its own that drafts through the step controller: combines[0] a model
     # proposer, the rest free ones (lookup, cache) whose longest match each step weighs against the model
     combines: tuple[str, ...] = ()
+    # roles one method each holds, named here rather than implied by the order methods were registered in:
+    step_lookup: bool = False           # the free guess auto's step controller offers beside a model proposer
+    draft_default: bool = False         # what giving a draft model alone turns on
 
     @property
     def drafts_with_model(self) -> bool:
@@ -91,6 +94,14 @@ def register_method(method: Method) -> Method:
         raise ValueError(f"method '{method.name}': build must be a callable returning its proposer")
     if method.prior_alpha is not None and not 0 < method.prior_alpha < 1:
         raise ValueError(f"method '{method.name}': prior_alpha must be in (0, 1), got {method.prior_alpha!r}")
+    if method.step_lookup and method.kind != "lookup":
+        raise ValueError(f"method '{method.name}': step_lookup needs kind 'lookup', got {method.kind!r}")
+    if method.draft_default and method.needs != "draft_model":
+        raise ValueError(f"method '{method.name}': draft_default needs needs='draft_model'")
+    for role in ("step_lookup", "draft_default"):
+        held = [m.name for m in METHOD_TABLE.values() if getattr(m, role)]
+        if getattr(method, role) and held:
+            raise ValueError(f"method '{method.name}': {role} is already held by '{held[0]}'")
     METHOD_TABLE[method.name] = method
     return method
 
@@ -127,12 +138,19 @@ def tree_methods() -> tuple[str, ...]:
 
 def draft_model_method() -> str:
     """The method that drafts with a separate draft model (what giving a draft model alone turns on)."""
-    return next(m.name for m in METHOD_TABLE.values() if m.needs == "draft_model")
+    return _holder("draft_default")
 
 
 def lookup_method() -> str:
     """Prompt lookup: the free guess auto's step controller offers beside a model proposer at every step."""
-    return method_names("lookup")[0]
+    return _holder("step_lookup")
+
+
+def _holder(role: str) -> str:
+    try:
+        return next(m.name for m in METHOD_TABLE.values() if getattr(m, role))
+    except StopIteration:
+        raise ValueError(f"no declared method holds the role {role} (specdec.proposers declares one)") from None
 
 
 register_method(Method(PLAIN, 0, "plain", summary="plain decoding: one target forward per token"))

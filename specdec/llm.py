@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 
 from .config import AUTO, METHOD_TABLE, SpeculativeConfig, get_method, method_names
-from .engine import LLMEngine, RequestOutput, StreamDelta
+from .engine import EngineConfig, LLMEngine, RequestOutput, StreamDelta
 from .engine_args import EngineArgs
 from .errors import SpecDecError
 from .loading import LoadedModels, load_models
@@ -68,12 +68,11 @@ class LLM:
         self._policy: SpeculationPolicy | None = None
         self._rows: CostModel | None = None
         # token trees are sized by the measured cost of rows (row_cost); without heads nothing asks for it
-        self.engine = LLMEngine(self.target.model, self.tokenizer, self.draft.model if self.draft else None,
-                                self.scheduler_config, args.max_model_len, policy_factory=self.policy,
-                                heads={m: h.module for m, h in self.heads.items()},
-                                row_cost=self.row_cost if self.heads else None,
-                                enable_prefix_caching=args.enable_prefix_caching,
-                                draft_tokenizer=self.draft.tokenizer if self.models.draft_cross_vocab else None)
+        self.engine = LLMEngine(EngineConfig(
+            self.target.model, self.tokenizer, self.draft.model if self.draft else None, self.scheduler_config,
+            args.max_model_len, policy_factory=self.policy, heads={m: h.module for m, h in self.heads.items()},
+            row_cost=self.row_cost if self.heads else None, enable_prefix_caching=args.enable_prefix_caching,
+            draft_tokenizer=self.draft.tokenizer if self.models.draft_cross_vocab else None))
         self._ids = itertools.count()
         for name, path in self._state_files().items():
             if os.path.exists(path):

@@ -9,7 +9,7 @@ import torch
 from model_cache import private_cache
 
 from specdec.config import SpeculativeConfig
-from specdec.engine import LLMEngine, SchedulerConfig
+from specdec.engine import EngineConfig, LLMEngine, SchedulerConfig
 from specdec.models.loader import load_model
 from specdec.policy import CostModel, PolicyConfig, StepBudget
 from specdec.policy.pools import SpeculationPolicy
@@ -28,8 +28,8 @@ def _policy():
 
 
 def _engine(target, draft=None, **sched):
-    return LLMEngine(target.model, target.tokenizer, None if draft is None else draft.model,
-                     SchedulerConfig(**sched), policy_factory=_policy)
+    return LLMEngine(EngineConfig(target.model, target.tokenizer, None if draft is None else draft.model,
+                     SchedulerConfig(**sched), policy_factory=_policy))
 
 
 def _drain(engine, seqs, record=None):
@@ -224,7 +224,7 @@ def test_generators_live_on_the_model_device(pair, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_sampled_batch_on_cuda(tiny_dirs):
     target = load_model(str(tiny_dirs["target"]), dtype="float32", device="cuda", progress=False)
-    engine = LLMEngine(target.model, target.tokenizer, target.model, SchedulerConfig())
+    engine = LLMEngine(EngineConfig(target.model, target.tokenizer, target.model, SchedulerConfig()))
     ids = target.tokenizer.encode(PROMPTS[0])
     seqs = [engine.add_request(f"c{i}", ids, SamplingParams(max_tokens=16, temperature=0.8, seed=i),
                                SpeculativeConfig("draft", 3)) for i in range(4)]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.engine import LLMEngine
+from specdec.engine import EngineConfig, LLMEngine
 from specdec.models.loader import load_model
 from specdec.models.runner import forward_once
 from specdec.sampling_params import SamplingParams
@@ -64,10 +64,10 @@ def test_every_method_alone_and_batched_gives_plain_greedy_output(gpu_pair):
     tok = target.tokenizer
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     prompts = [tok.encode(p) for p in PROMPTS]
-    plain_engine = LLMEngine(target.model, tok)
+    plain_engine = LLMEngine(EngineConfig(target.model, tok))
     plain = [_drain(plain_engine, [plain_engine.add_request(f"p{i}", p, params)])[0].output_ids
              for i, p in enumerate(prompts)]
-    engine = LLMEngine(target.model, tok, draft.model, heads=heads)
+    engine = LLMEngine(EngineConfig(target.model, tok, draft.model, heads=heads))
     for method in METHODS:                              # alone
         seq = _drain(engine, [engine.add_request(method, prompts[0], params, SpeculativeConfig(method, 3))])[0]
         assert _agrees(target.model, dtype, prompts[0], plain[0], seq.output_ids), method
@@ -90,7 +90,7 @@ def test_sampled_draft_speculation_keeps_the_targets_distribution(gpu_pair):
     p2 = torch.zeros_like(p1)
     for t in torch.nonzero(p1 > 1e-4).flatten().tolist():
         p2 += p1[t] * torch.softmax(forward_once(target.model, ids + [t])[-1].float(), -1).cpu()
-    engine = LLMEngine(target.model, tok, draft.model)
+    engine = LLMEngine(EngineConfig(target.model, tok, draft.model))
     n = 400
     for method in ("none", "draft"):
         spec = SpeculativeConfig(method, 3) if method != "none" else None
@@ -111,13 +111,13 @@ def test_prefix_cache_next_turn_equals_a_fresh_run(gpu_pair):
     tok = target.tokenizer
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     first = tok.encode(PROMPTS[0])
-    cached = LLMEngine(target.model, tok, draft.model, enable_prefix_caching=True)
+    cached = LLMEngine(EngineConfig(target.model, tok, draft.model, enable_prefix_caching=True))
     answer = _drain(cached, [cached.add_request("t1", first, params, SpeculativeConfig("draft", 3))])[0].output_ids
     while cached.settle():            # as an idle server does on CUDA, where prompt rows are not exact
         pass
     second = first + answer + tok.encode("\nclass Store:")
     seq = _drain(cached, [cached.add_request("t2", second, params, SpeculativeConfig("draft", 3))])[0]
-    fresh = LLMEngine(target.model, tok, draft.model)
+    fresh = LLMEngine(EngineConfig(target.model, tok, draft.model))
     base = _drain(fresh, [fresh.add_request("f", second, params, SpeculativeConfig("draft", 3))])[0]
     assert seq.stats.cached_tokens > len(first) // 2
     assert _agrees(target.model, dtype, second, base.output_ids, seq.output_ids)

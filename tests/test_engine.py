@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.engine import LLMEngine, RequestOutput, SchedulerConfig
+from specdec.engine import EngineConfig, LLMEngine, RequestOutput, SchedulerConfig
 from specdec.errors import SpecDecError
 from specdec.models.loader import load_model
 from specdec.policy import CostModel, PolicyConfig
@@ -17,8 +17,8 @@ PROMPT = "def add(a, b):\n    return a + b\n\nclass Cache:"
 
 
 def _engine(target, draft=None, **sched):
-    return LLMEngine(target.model, target.tokenizer, None if draft is None else draft.model,
-                     SchedulerConfig(**sched) if sched else None)
+    return LLMEngine(EngineConfig(target.model, target.tokenizer, None if draft is None else draft.model,
+                     SchedulerConfig(**sched) if sched else None))
 
 
 def _spec(method="none", k=None):

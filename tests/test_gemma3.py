@@ -237,7 +237,7 @@ def test_an_answer_past_the_window_is_reusable_as_it_stands(tiny_gemma, method):
     """bf16: the local layers take the row-by-row attention with their window, so past the window too a token's K/V
     is the same from a decode step, a verification row or a prompt chunk of any size. A Gemma answer's entry then
     equals a fresh prefill of prompt + answer bit for bit, with no settling pass."""
-    from specdec.engine import LLMEngine, SchedulerConfig
+    from specdec.engine import EngineConfig, LLMEngine, SchedulerConfig
     from specdec.models.runner import Span, exact_rows, forward_spans
 
     path, _ = tiny_gemma
@@ -245,7 +245,7 @@ def test_an_answer_past_the_window_is_reusable_as_it_stands(tiny_gemma, method):
     model = target.model
     assert model.config.sliding_window == WINDOW and exact_rows(model)
     # drafting with the target itself: every draft is accepted, so the answer's K/V comes from verification rows
-    engine = LLMEngine(model, target.tokenizer, model if method == "draft" else None, SchedulerConfig())
+    engine = LLMEngine(EngineConfig(model, target.tokenizer, model if method == "draft" else None, SchedulerConfig()))
     params = SamplingParams(max_tokens=160, temperature=0.0, ignore_eos=True)
     seq = engine.add_request("a", target.tokenizer.encode("def add(a, b):\n    return"), params,
                              SpeculativeConfig(method=method, num_speculative_tokens=3))
@@ -277,7 +277,7 @@ def test_local_layers_keep_a_window_with_the_tokens_of_a_whole_cache(tiny_gemma,
     counts their share, and every method gives the tokens a whole-history cache gives -- chunked prefill, a batch,
     a next turn from the prefix cache (bf16: the whole conversation; fp32 cannot settle an answer whose window slid,
     so it reuses less), and a prompt that shares only the start of an entry whose window is gone (no hit there)."""
-    from specdec.engine import LLMEngine, SchedulerConfig
+    from specdec.engine import EngineConfig, LLMEngine, SchedulerConfig
     from specdec.models.kv_cache import WindowedKV
     from specdec.models.qwen2 import Transformer
 
@@ -291,8 +291,8 @@ def test_local_layers_keep_a_window_with_the_tokens_of_a_whole_cache(tiny_gemma,
     def run(method, windowed):
         model.new_kv = model.new_kv if windowed else Transformer.new_kv.__get__(model)
         try:
-            engine = LLMEngine(model, target.tokenizer, model if method == "draft" else None,
-                               SchedulerConfig(max_num_batched_tokens=16))
+            engine = LLMEngine(EngineConfig(model, target.tokenizer, model if method == "draft" else None,
+                               SchedulerConfig(max_num_batched_tokens=16)))
             spec = SpeculativeConfig(method=method, num_speculative_tokens=3)
             out, hits, peak = [], [], 0
             for prompts in ([ids[: len(ids) - i] for i in range(3)], None, [ids[:12] + [7, 8, 9]]):
@@ -324,7 +324,7 @@ def test_the_kv_budget_counts_the_local_layers_window(tiny_gemma):
     """A request too long for the budget as whole-history caches count it (7 layers, 6 of them local with a window
     of 8) is admitted when the local layers keep their span, stays inside the budget while it runs, and gives the
     tokens a whole-history cache with room to spare gives."""
-    from specdec.engine import LLMEngine, SchedulerConfig
+    from specdec.engine import EngineConfig, LLMEngine, SchedulerConfig
     from specdec.errors import SpecDecError
     from specdec.models.qwen2 import Transformer
 
@@ -335,7 +335,8 @@ def test_the_kv_budget_counts_the_local_layers_window(tiny_gemma):
     params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)     # its context: 512 positions
 
     def run(budget: int):
-        engine = LLMEngine(model, tok, None, SchedulerConfig(max_total_tokens=budget, max_num_batched_tokens=16))
+        sched = SchedulerConfig(max_total_tokens=budget, max_num_batched_tokens=16)
+        engine = LLMEngine(EngineConfig(model, tok, None, sched))
         seq, peak = engine.add_request("a", ids, params, SpeculativeConfig()), 0
         while not seq.finished:
             assert all(o.error is None for o in engine.step())

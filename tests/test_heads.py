@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.engine import LLMEngine
+from specdec.engine import EngineConfig, LLMEngine
 from specdec.errors import SpecDecError
 from specdec.models.attn_metadata import causal_metadata
 from specdec.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
@@ -68,7 +68,8 @@ def _run(engine, ids, method, k, params=None, rid="r"):
 def test_greedy_parity_heads(tiny_models, heads, k):
     target, _ = tiny_models
     ids = target.tokenizer.encode(PROMPT)
-    engine = LLMEngine(target.model, target.tokenizer, heads={"eagle3": heads["eagle3"], "medusa": heads["medusa"]})
+    both = {"eagle3": heads["eagle3"], "medusa": heads["medusa"]}
+    engine = LLMEngine(EngineConfig(target.model, target.tokenizer, heads=both))
     base = _run(engine, ids, "none", None).output_ids
     for method in ("eagle3", "medusa"):
         seq = _run(engine, ids, method, k)
@@ -83,8 +84,9 @@ def test_heads_batched_beside_other_methods_keep_parity(tiny_models, heads):
     tok = target.tokenizer
     prompts = [tok.encode(PROMPT), tok.encode("class Cache:\n    def rollback(self, n):"), tok.encode("def f(x):")]
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
-    plain = [_run(LLMEngine(target.model, tok), p, "none", None, params).output_ids for p in prompts]
-    engine = LLMEngine(target.model, tok, draft.model, heads={"eagle3": heads["eagle3"], "medusa": heads["medusa"]})
+    plain = [_run(LLMEngine(EngineConfig(target.model, tok)), p, "none", None, params).output_ids for p in prompts]
+    both = {"eagle3": heads["eagle3"], "medusa": heads["medusa"]}
+    engine = LLMEngine(EngineConfig(target.model, tok, draft.model, heads=both))
     seqs = [engine.add_request(f"{m}{i}", p, params, SpeculativeConfig(m, 3))
             for m in ("eagle3", "medusa", "draft") for i, p in enumerate(prompts)]
     while engine.has_unfinished():
@@ -120,7 +122,7 @@ def test_quantized_heads_guess_as_the_float_head_does_and_keep_parity(tiny_model
         agree = [(a.argmax(-1) == b.argmax(-1)).float().mean().item() for a, b in zip(qm(h), heads["medusa"](h))]
     assert min(agree) > (0.95 if scheme == "int8" else 0.7), agree
     ids = target.tokenizer.encode(PROMPT)
-    engine = LLMEngine(target.model, target.tokenizer, heads={"eagle3": qe, "medusa": qm})
+    engine = LLMEngine(EngineConfig(target.model, target.tokenizer, heads={"eagle3": qe, "medusa": qm}))
     base = _run(engine, ids, "none", None).output_ids
     for method in ("eagle3", "medusa"):
         seq = _run(engine, ids, method, 3)
@@ -237,7 +239,7 @@ def test_mismatched_heads_are_refused_with_precise_messages(tiny_models, heads, 
     with pytest.raises(SpecDecError, match="not a draft head"):
         load_head(tiny_dirs["target"], target.model, torch.float32)
     # a method whose head is not loaded
-    engine = LLMEngine(target.model, target.tokenizer)
+    engine = LLMEngine(EngineConfig(target.model, target.tokenizer))
     with pytest.raises(SpecDecError, match="'eagle3' needs its head loaded"):
         engine.add_request("x", [1, 2, 3], SamplingParams(max_tokens=4), SpeculativeConfig("eagle3", 2))
 
@@ -305,7 +307,7 @@ def test_train_head_learns_the_target_and_serves(smooth_target, code_dir, chat_j
         assert last < 0.8 * first, (method, first, last)
         assert infos[method]["final_agree"][0] > hist[0]["agree"][0] + 0.1, method
         head = load_head(tmp_path / "h" / method, target.model, torch.float32).module
-        engine = LLMEngine(target.model, target.tokenizer, heads={method: head})
+        engine = LLMEngine(EngineConfig(target.model, target.tokenizer, heads={method: head}))
         base = _run(engine, ids, "none", None).output_ids
         seq = _run(engine, ids, method, 3)
         assert seq.output_ids == base, method
@@ -628,7 +630,7 @@ def test_eagle1_heads_load_from_the_authors_layout_and_keep_parity(tiny_models, 
     for name, t in head.state_dict().items():
         assert torch.equal(loaded.module.state_dict()[name], t), name
     # prefill and row-by-row feeding give the same states (the cache and the tree path are the EAGLE-3 ones)
-    engine = LLMEngine(target.model, target.tokenizer, heads={"eagle": loaded.module})
+    engine = LLMEngine(EngineConfig(target.model, target.tokenizer, heads={"eagle": loaded.module}))
     base = _run(engine, ids, "none", None).output_ids
     for spec in (SpeculativeConfig("eagle", 3), SpeculativeConfig("eagle", 6, eagle_topk=2, num_steps=3)):
         seq = engine.add_request(f"e{spec.eagle_topk}", ids, SamplingParams(max_tokens=40, temperature=0.0,

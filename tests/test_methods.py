@@ -16,7 +16,9 @@ from specdec.config import (
     METHOD_TABLE,
     Method,
     SpeculativeConfig,
+    draft_model_method,
     get_method,
+    lookup_method,
     method_names,
     register_method,
     unregister_method,
@@ -45,6 +47,8 @@ def test_builtin_methods_come_from_the_proposers_declarations():
         assert METHOD_TABLE[declared.name] is declared and callable(declared.build)
     assert method_names("head") == ("eagle3", "eagle", "medusa")
     assert get_method("suffix").state_file == "suffix_cache" and get_method("draft").needs == "draft_model"
+    # the roles auto and a draft-only start rely on are named on the declarations, not taken from the order
+    assert (lookup_method(), draft_model_method()) == ("ngram", "draft")
     with pytest.raises(ValueError, match="unknown speculative method 'nope'.*none, ngram"):
         SpeculativeConfig(method="nope")
 
@@ -58,6 +62,9 @@ def test_builtin_methods_come_from_the_proposers_declarations():
     (Method("odd", 4, "lookup", build=NgramProposer, needs="gpu"), "needs must be one of"),
     (Method("odd", 4, "lookup", build=NgramProposer, prior_alpha=1.5), "prior_alpha must be in"),
     ("not a method", "not a specdec.config.Method"),
+    (Method("odd", 4, "lookup", build=NgramProposer, step_lookup=True), "step_lookup is already held by 'ngram'"),
+    (Method("odd", 4, "cache", build=NgramProposer, step_lookup=True), "step_lookup needs kind 'lookup'"),
+    (Method("odd", 4, "model", build=NgramProposer, draft_default=True), "draft_default needs"),
 ])
 def test_bad_rows_are_refused_with_what_is_wrong(row, message):
     before = dict(METHOD_TABLE)

@@ -13,7 +13,7 @@ import torch
 from model_cache import private_cache
 
 from specdec.config import SpeculativeConfig
-from specdec.engine import LLMEngine, SchedulerConfig
+from specdec.engine import EngineConfig, LLMEngine, SchedulerConfig
 from specdec.models.loader import load_model
 from specdec.models.prefix_cache import PrefixCache, common_prefix
 from specdec.models.runner import Span, forward_spans
@@ -32,8 +32,8 @@ def pair(request, tiny_dirs, tmp_path_factory):
 
 def _engine(pair, cache=True, **sched):
     target, draft = pair
-    return LLMEngine(target.model, target.tokenizer, draft.model, SchedulerConfig(**sched),
-                     enable_prefix_caching=cache)
+    return LLMEngine(EngineConfig(target.model, target.tokenizer, draft.model, SchedulerConfig(**sched),
+                     enable_prefix_caching=cache))
 
 
 def _run(engine, prompts, n=16, spec=DRAFT3):
@@ -94,7 +94,7 @@ def test_learned_heads_resume_from_an_entry_and_draft_every_step(pair, method):
     target = pair[0].model
     dtype = target.embed_tokens.weight.dtype
     make = (lambda: _eagle3(target).to(dtype)) if method == "eagle3" else (lambda: _medusa(target).to(dtype))
-    on, off = (LLMEngine(target, pair[0].tokenizer, heads={method: make()}, enable_prefix_caching=cache)
+    on, off = (LLMEngine(EngineConfig(target, pair[0].tokenizer, heads={method: make()}, enable_prefix_caching=cache))
                for cache in (True, False))
     spec = SpeculativeConfig(method=method, num_speculative_tokens=3)
     prompt = _ids(pair, "class Stack: push and pop items in order, then peek at the top one")

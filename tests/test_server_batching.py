@@ -9,7 +9,7 @@ import pytest
 from server_utils import running_server
 
 from specdec import LLM, SpeculativeConfig
-from specdec.engine import LLMEngine
+from specdec.engine import EngineConfig, LLMEngine
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_kv_grows_with_the_request_not_the_window(tmp_path_factory):
 
     target = load_model(str(make_tiny_model(tmp_path_factory.mktemp("window") / "t", max_position_embeddings=8192)),
                         dtype="float32", device="cpu", progress=False)
-    engine = LLMEngine(target.model, target.tokenizer)
+    engine = LLMEngine(EngineConfig(target.model, target.tokenizer))
     seq = engine.add_request("long", target.tokenizer.encode("def add(a, b):"), SamplingParams(max_tokens=8000,
                                                                                                ignore_eos=True))
     for _ in range(20):

@@ -171,7 +171,8 @@ def test_response_format_through_the_openai_client(server):
 
 
 def test_bench_serve_validates_structured_answers(server, tmp_path):
-    from specdec.bench.serve import ServeBenchConfig, render_serve_report, run_serve_bench, schema_valid
+    from specdec.bench.serve import ServeBenchConfig, render_serve_report, run_serve_bench
+    from specdec.bench.structured_prompts import schema_valid
 
     url, _ = server
     result = run_serve_bench(ServeBenchConfig(endpoints=[url], dataset="structured", concurrency=[2], max_tokens=120,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.engine import LLMEngine
+from specdec.engine import EngineConfig, LLMEngine
 from specdec.errors import SpecDecError
 from specdec.proposers.base import ProposalContext
 from specdec.proposers.suffix import (
@@ -25,8 +25,8 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 SAMPLED = SamplingParams(max_tokens=8, temperature=0.8)
 
 
-def _ctx(ids, params=GREEDY, pool="p"):
-    return ProposalContext(0, list(ids), params, None, pool=pool)
+def _ctx(ids, params=GREEDY, corpus="p"):
+    return ProposalContext(0, list(ids), params, None, corpus=corpus)
 
 
 def test_longest_match_and_its_continuations():
@@ -63,9 +63,9 @@ def test_a_pool_drafts_what_it_generated_before():
     assert chain.token_ids.tolist() == [13, 14, 15, 16, 17, 18] and chain.parents is None   # 2 x the 3-token match
     tree = sp.propose([_ctx([3, 4, 10, 11, 12])], [4])[0]
     assert tree.token_ids.tolist() == [13, 14, 15, 16] and tree.parents == [-1, 0, 1, 2]
-    assert len(sp.propose([_ctx([3, 4, 10, 11, 12], pool="other")], [8])[0]) == 0   # pools are apart
+    assert len(sp.propose([_ctx([3, 4, 10, 11, 12], corpus="other")], [8])[0]) == 0   # pools are apart
     # the request's own tokens count too (prompt lookup's source)
-    own = sp.propose([_ctx([7, 8, 9, 6, 7, 8], SAMPLED, pool="fresh")], [3])[0]
+    own = sp.propose([_ctx([7, 8, 9, 6, 7, 8], SAMPLED, corpus="fresh")], [3])[0]
     assert own.token_ids.tolist() == [9, 6, 7]                       # k = 3 (the 2-token match allows 4)
 
 
@@ -101,7 +101,7 @@ def test_engine_greedy_parity_and_acceptance_from_the_pool(tiny_dirs, dtype):
     from specdec.models.loader import load_model
 
     target = load_model(str(tiny_dirs["target"]), dtype=dtype, device="cpu", progress=False)
-    engine = LLMEngine(target.model, target.tokenizer)
+    engine = LLMEngine(EngineConfig(target.model, target.tokenizer))
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
     def run(rid, prompt, method, pool="code"):
@@ -118,5 +118,5 @@ def test_engine_greedy_parity_and_acceptance_from_the_pool(tiny_dirs, dtype):
     assert again.output_ids == plain[0]
     # the pool saw this answer: its drafts are accepted
     assert again.stats.accepted_tokens >= 8 and again.stats.target_forwards < 20
-    assert torch.is_tensor(engine.proposers["suffix"].propose([_ctx(again.token_ids[:-3], pool="code")], [4])[0]
+    assert torch.is_tensor(engine.proposers["suffix"].propose([_ctx(again.token_ids[:-3], corpus="code")], [4])[0]
                            .token_ids)

@@ -7,7 +7,7 @@ import pytest
 from model_cache import private_cache
 
 from specdec.config import SpeculativeConfig
-from specdec.engine import LLMEngine
+from specdec.engine import EngineConfig, LLMEngine
 from specdec.models.loader import load_model
 from specdec.sampling_params import SamplingParams
 
@@ -30,7 +30,7 @@ def _run(engine, prompts, salts, method="none"):
 
 
 def test_two_salts_never_share_cached_tokens_while_one_salt_does(target):
-    engine = LLMEngine(target.model, target.tokenizer)
+    engine = LLMEngine(EngineConfig(target.model, target.tokenizer))
     prompt = target.tokenizer.encode("def fibonacci(n):\n    # a long shared system prompt " * 2)
     first = _run(engine, [prompt], ["tenant-a"])[0]
     assert first.stats.cached_tokens == 0
@@ -50,14 +50,14 @@ def test_a_running_prompt_is_shared_only_within_its_salt(target):
     when their salts agree."""
     prompt = target.tokenizer.encode("class Cache:\n    '''an LRU cache with eviction and statistics''' " * 3)
     for salts, shared in ((["x", "x"], True), (["x", "y"], False)):
-        engine = LLMEngine(target.model, target.tokenizer)
+        engine = LLMEngine(EngineConfig(target.model, target.tokenizer))
         engine.sched_cfg.max_num_batched_tokens = 64         # the prompt takes several steps: both run together
         a, b = _run(engine, [prompt, prompt], salts)
         assert (b.stats.cached_tokens > 0) == shared and a.output_ids == b.output_ids
 
 
 def test_suffix_pools_are_partitioned_by_salt(target):
-    engine = LLMEngine(target.model, target.tokenizer)
+    engine = LLMEngine(EngineConfig(target.model, target.tokenizer))
     prompt = target.tokenizer.encode("def add(a, b):")
     _run(engine, [prompt], ["tenant-a"], method="suffix")
     pools = engine.proposers["suffix"].pools

@@ -7,7 +7,7 @@ from model_cache import private_cache
 from test_heads import PROMPT, _eagle3, _medusa
 
 from specdec.config import SpeculativeConfig
-from specdec.engine import LLMEngine
+from specdec.engine import EngineConfig, LLMEngine
 from specdec.models.loader import load_model
 from specdec.models.runner import Span, forward_spans
 from specdec.proposers.base import Draft, Proposer
@@ -158,7 +158,7 @@ def test_accepted_paths_behind_decoys_are_compacted(target):
     """The oracle's tree holds the truth behind a decoy at each level: accepted paths are rows 2, 4, 6, so the cache
     must be compacted for the following steps to stay exact."""
     ids = target.tokenizer.encode(PROMPT)
-    engine = LLMEngine(target.model, target.tokenizer)
+    engine = LLMEngine(EngineConfig(target.model, target.tokenizer))
     base = _generate(engine, ids, SpeculativeConfig("none")).output_ids
     engine.proposers["medusa"] = OracleTree(len(ids), base, target.tokenizer.vocab_size)
     seq = _generate(engine, ids, SpeculativeConfig("medusa", 6, eagle_topk=2, num_steps=3))
@@ -173,7 +173,7 @@ def test_greedy_parity_for_tree_shapes(target, k, topk, steps):
     model = target.model
     dtype = model.embed_tokens.weight.dtype
     heads = {"eagle3": _eagle3(model).to(dtype), "medusa": _medusa(model, truncated=150).to(dtype)}
-    engine = LLMEngine(model, target.tokenizer, heads=heads)
+    engine = LLMEngine(EngineConfig(model, target.tokenizer, heads=heads))
     base = _generate(engine, ids, SpeculativeConfig("none")).output_ids
     for method in ("eagle3", "medusa"):
         seq = _generate(engine, ids, SpeculativeConfig(method, k, eagle_topk=topk, num_steps=steps))
@@ -187,7 +187,7 @@ def test_trees_batched_with_sampled_and_chain_requests(target):
     ids = target.tokenizer.encode(PROMPT)
     model = target.model
     dtype = model.embed_tokens.weight.dtype
-    engine = LLMEngine(model, target.tokenizer, heads={"eagle3": _eagle3(model).to(dtype)})
+    engine = LLMEngine(EngineConfig(model, target.tokenizer, heads={"eagle3": _eagle3(model).to(dtype)}))
     base = _generate(engine, ids, SpeculativeConfig("none")).output_ids
     sampled = SamplingParams(max_tokens=30, temperature=0.8, seed=3, ignore_eos=True)
     alone = _generate(engine, ids, SpeculativeConfig("eagle3", 6, eagle_topk=3), sampled).output_ids
@@ -241,7 +241,7 @@ def test_sampled_requests_verify_chains_never_trees(target):
     model = target.model
     dtype = model.embed_tokens.weight.dtype
     ids = target.tokenizer.encode(PROMPT)
-    engine = LLMEngine(model, target.tokenizer, heads={"eagle3": _eagle3(model).to(dtype)})
+    engine = LLMEngine(EngineConfig(model, target.tokenizer, heads={"eagle3": _eagle3(model).to(dtype)}))
     sampled = SamplingParams(max_tokens=12, temperature=1.0, seed=5, ignore_eos=True)
     seq = _generate(engine, ids, SpeculativeConfig("eagle3", 6, eagle_topk=3, num_steps=2), sampled)
     assert seq.stats.draft_tokens > 0
@@ -302,7 +302,7 @@ def test_draft_model_trees_keep_parity_beside_chains_and_sampled_requests(target
     decoding, and a sampled request with eagle_topk > 1 (verified as a chain) equals the same request alone."""
     tok = target.tokenizer
     ids = tok.encode(PROMPT)
-    engine = LLMEngine(target.model, tok, draft_of.model)
+    engine = LLMEngine(EngineConfig(target.model, tok, draft_of.model))
     spy = _Spy(engine.proposers["draft"])
     engine.proposers["draft"].propose = spy
     base = _generate(engine, ids, SpeculativeConfig("none")).output_ids
@@ -329,7 +329,7 @@ def test_a_draft_model_tree_follows_the_targets_argmax_when_the_draft_is_the_tar
     level): a wrong slot, position or key list for a tree row would show as rejected tokens."""
     tok = target.tokenizer
     ids = tok.encode(PROMPT)
-    engine = LLMEngine(target.model, tok, target.model)
+    engine = LLMEngine(EngineConfig(target.model, tok, target.model))
     base = _generate(engine, ids, SpeculativeConfig("none")).output_ids
     seq = _generate(engine, ids, SpeculativeConfig("draft", 6, eagle_topk=2, num_steps=3), rid="self")
     assert seq.output_ids == base

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     # plain data: config and request dataclasses (SamplingParams carries a sampling.grammar spec), stats
     ("specdec.config", "specdec.sampling_params", "specdec.metrics"),
     # text <-> token ids; knows no model
-    ("specdec.tokenizer",),
+    ("specdec.tokenizer", "specdec.tokenizer_gguf"),
     # linear methods swapped into a model at load time; they know nothing of the transformer
     ("specdec.models.quantization", "specdec.models.packed_linear", "specdec.models.quant",
      "specdec.models.hugepages"),

@@ -23,6 +23,7 @@ from ..errors import SpecDecError
 from .datasets import load_prompts
 from .idle import wait_until_idle
 from .serve_report import PCTS, render_serve_report, write_serve_plots
+from .structured_prompts import schema_valid
 from .summary import median, percentile
 
 
@@ -144,26 +145,6 @@ async def _one(client, url: str, body: dict, headers: dict) -> dict:
     except Exception as exc:  # noqa: BLE001 - a failed request is a data point
         rec["error"] = f"{type(exc).__name__}: {exc}"
     return rec
-
-
-def schema_valid(text: str, response_format: dict) -> bool | None:
-    """Does a structured-output answer parse, and validate against its schema? None for response_format text."""
-    import jsonschema
-
-    kind = response_format.get("type")
-    if kind not in ("json_object", "json_schema"):
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return False
-    if kind == "json_object":
-        return isinstance(value, dict)
-    try:
-        jsonschema.validate(value, response_format["json_schema"]["schema"])
-    except jsonschema.ValidationError:
-        return False
-    return True
 
 
 async def _level(cfg: ServeBenchConfig, idx: int, model: str, prompts: list[dict], concurrency: int,

@@ -2,6 +2,8 @@
 follow (OpenAI's `response_format: {"type": "json_schema"}`), from small records to nested lists."""
 from __future__ import annotations
 
+import json
+
 _S, _I, _N, _B = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
 
 
@@ -69,3 +71,23 @@ STRUCTURED_PROMPTS: list[dict] = [
                                                                 "strict": True}}}
     for i, (prompt, schema) in enumerate(_CASES)
 ]
+
+
+def schema_valid(text: str, response_format: dict) -> bool | None:
+    """Does a structured-output answer parse, and validate against its schema? None for response_format text."""
+    import jsonschema
+
+    kind = response_format.get("type")
+    if kind not in ("json_object", "json_schema"):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    if kind == "json_object":
+        return isinstance(value, dict)
+    try:
+        jsonschema.validate(value, response_format["json_schema"]["schema"])
+    except jsonschema.ValidationError:
+        return False
+    return True

@@ -99,7 +99,7 @@ class Drafting:
 
         def longest(ids, room, constraint):
             ctx = ProposalContext(seq.seq_id, ids, p, None, constraint, prompt_lookup_max=sp.prompt_lookup_max,
-                                  prompt_lookup_min=sp.prompt_lookup_min, pool=seq.corpus)
+                                  prompt_lookup_min=sp.prompt_lookup_min, corpus=seq.corpus)
             return max((f.match(ctx, room) for f in finders), key=lambda m: (m[0], len(m[1])))
         return longest
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -32,36 +31,36 @@ from ..sampling.verifier import Verification, verify_step
 from ..sampling_params import SamplingParams
 from .commit import Committer, StepTimes
 from .drafting import Drafting
+from .engine_config import EngineConfig
 from .model_runner import ModelRunner
 from .output import StepInfo, StepOutput, StreamDelta
-from .scheduler import Scheduler, SchedulerConfig
+from .scheduler import Scheduler
 from .sequence import Sequence, SpecState
 
 
 class LLMEngine:
-    def __init__(self, model, tokenizer, draft_model=None, scheduler: SchedulerConfig | None = None,
-                 max_model_len: int | None = None, policy_factory: Callable[[], object] | None = None,
-                 heads: dict | None = None, row_cost: Callable[..., float] | None = None,
-                 enable_prefix_caching: bool = True, draft_tokenizer=None):
+    def __init__(self, config: EngineConfig):
+        self.config = c = config
+        model, tokenizer = c.model, c.tokenizer
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size         # shared with the draft; padding rows never sampled
-        self.max_model_len = min(max_model_len or model.config.max_position_embeddings,
+        self.max_model_len = min(c.max_model_len or model.config.max_position_embeddings,
                                  model.config.max_position_embeddings)
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.device = model.embed_tokens.weight.device
-        self.sched_cfg = scheduler or SchedulerConfig()
+        self.sched_cfg = c.scheduler
         # finished requests' K/V stays, matched by token prefix, in the same budget (models/prefix_cache.py)
         self.kv = KVManager(model, self.sched_cfg.max_total_tokens,
-                            PrefixCache() if enable_prefix_caching else None)
+                            PrefixCache() if c.enable_prefix_caching else None)
         self.runner = ModelRunner(model, self.kv)
         self.scheduler = Scheduler(self.sched_cfg, self.kv, self.runner.exact_rows)
         # one proposer per loaded method ({method: Proposer}); learned heads ({method: nn.Module} given) read the
         # target's hidden states from the step's own forward; draft_tokenizer: a draft with another vocabulary
         self.proposers: dict[str, Proposer] = build_proposers(model, self.vocab_size, self.sched_cfg.max_total_tokens,
-                                                              self.sched_cfg.max_num_batched_tokens, draft_model, heads,
-                                                              tokenizer, draft_tokenizer)
-        self.drafting = Drafting(self.proposers, policy_factory, row_cost)
+                                                              self.sched_cfg.max_num_batched_tokens, c.draft_model,
+                                                              c.heads, tokenizer, c.draft_tokenizer)
+        self.drafting = Drafting(self.proposers, c.policy_factory, c.row_cost)
         self.committer = Committer(self.kv, self.vocab_size, self.drafting.uses, self.drafting.reader)
         self.seqs: dict[str, Sequence] = {}
         self.last_step = StepInfo()

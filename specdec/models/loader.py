@@ -9,7 +9,6 @@ its source's sha256, so weights are never read for a source whose bytes changed.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -23,12 +22,13 @@ import torch
 
 from ..errors import SpecDecError
 from ..tokenizer import Tokenizer
-from ..utils import atomic_dir, remove_tree, write_json_atomic
+from ..utils import atomic_dir, remove_tree
 from .config import ModelConfig
 from .gemma3 import Gemma3Transformer
 from .output_rows import OutputRows
 from .qwen2 import Transformer
 from .registry import BUILTIN_MODELS, assemble, cache_dir
+from .sources import made_from, record_source, source_digest, source_key
 
 log = logging.getLogger("specdec")
 
@@ -117,61 +117,6 @@ def default_quantization(spec: str, device: str | torch.device | None = None, pr
 
     file_type = header_field(path, "general.file_type")
     return "none" if file_type is None or int(file_type) in GGUF_FLOAT_FILE_TYPES else "int4"
-
-
-def _source_key(path: Path) -> str:
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
-    h = hashlib.sha256()
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
-
-
-def _source_files(path: Path) -> list[Path]:
-    return [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
-
-
-def _source_stat(path: Path) -> list:
-    """What changes whenever a source file's bytes may have: size, times (ctime too: a copy that preserves the
-    modification time, or a write through another name, still sets it) and inode."""
-    return [[f.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino] for f in _source_files(path)
-            for st in [f.stat()]]
-
-
-def _source_digest(path: Path) -> str:
-    """sha256 over the source's files, names and bytes (~1.5 s a GB)."""
-    h = hashlib.sha256()
-    for f in _source_files(path):
-        h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
-        with open(f, "rb") as fh:
-            h.update(hashlib.file_digest(fh, "sha256").digest())
-    return h.hexdigest()
-
-
-SOURCE_RECORD = "source.json"      # in a cache entry: the source's checksum, and the stat it was last verified at
-
-
-def _record_source(entry: Path, source: Path, digest: str) -> None:
-    write_json_atomic(entry / SOURCE_RECORD, {"sha256": digest, "stat": _source_stat(source)})
-
-
-def _made_from(entry: Path, source: Path) -> bool:
-    """Whether the entry was converted from the bytes `source` holds now. While the source's stat is the one
-    recorded, the record is trusted (ccache's direct mode: no hashing at start); otherwise the source is hashed
-    again and compared. An entry from before records were kept is hashed once and trusted, as it always was."""
-    try:
-        record = json.loads((entry / SOURCE_RECORD).read_text())
-        digest, stat = record["sha256"], record["stat"]
-    except (OSError, ValueError, KeyError, TypeError):
-        digest = stat = None
-    if stat is not None and stat == _source_stat(source):
-        return True
-    now = _source_digest(source)
-    if digest is not None and digest != now:
-        return False
-    _record_source(entry, source, now)
-    return True
 
 
 def build_model(cfg: ModelConfig) -> Transformer:
@@ -301,7 +246,7 @@ def _convert(source: Path, entry: Path, dtype: torch.dtype, scheme: str, int4_ex
     """Convert the source into a new cache entry (written whole, or not at all), with the source's checksum."""
     from safetensors.torch import save_file
 
-    digest = _source_digest(source)
+    digest = source_digest(source)
     if source.is_file():
         cfg, state, tok = _convert_gguf(source, dtype, progress, int4=scheme == "int4", int4_exact=int4_exact)
     else:
@@ -315,7 +260,7 @@ def _convert(source: Path, entry: Path, dtype: torch.dtype, scheme: str, int4_ex
         save_file(state, str(tmp / "model.safetensors"), metadata=meta)
         (tmp / "config.json").write_text(cfg.to_json())
         tok.save(tmp)
-        _record_source(tmp, source, digest)
+        record_source(tmp, source, digest)
 
 
 def _read_entry(entry: Path, device: torch.device, scheme: str):
@@ -394,12 +339,12 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
 
         load_kernels()   # fail fast, before a long conversion, when the extension is missing
     name, source = resolve_source(spec, progress=progress)
-    entry = cache_dir() / "converted" / f"{source.stem}-{_source_key(source)}" / _dtype_name(dtype)
+    entry = cache_dir() / "converted" / f"{source.stem}-{source_key(source)}" / _dtype_name(dtype)
     if scheme == "int4":   # its own entry, named with the packed layout's version
         from .quantization.blocks import FORMAT_VERSION
 
         entry = entry.with_name(f"{entry.name}-int4-v{FORMAT_VERSION}" + ("" if int4_exact else "-4bit"))
-    if (entry / "model.safetensors").is_file() and not _made_from(entry, source):
+    if (entry / "model.safetensors").is_file() and not made_from(entry, source):
         log.warning("converted weights in %s were made from another %s (its checksum changed under the same name, "
                     "size and time): converting it again", entry, source.name)
         remove_tree(entry)

@@ -45,7 +45,8 @@ class ProposalContext:
     row_cost: Callable[[int], float] | None = None
     prompt_lookup_max: int = 4             # prompt lookup: the request's n-gram sizes (vLLM's names)
     prompt_lookup_min: int = 1
-    pool: str = "default"                  # the request's speculation pool (suffix decoding searches its outputs)
+    corpus: str = "default"                # what suffix decoding searches beside the request: the outputs of its
+                                           # pool and cache partition (`spec_pool#cache_salt`)
     prediction: list[int] | None = None    # the request's predicted output (OpenAI's `prediction`), as tokens
     penalties: Penalties | None = None     # the request's penalties and bias: a model drafts from the adjusted logits
     drafted: list[int] = field(default_factory=list)   # this proposal's tokens so far (what the penalties count)
@@ -122,8 +123,8 @@ class Proposer(ABC):
     def release(self, seq_id: int) -> None:
         """The sequence has finished; free anything kept for it."""
 
-    def learn(self, pool: str, prompt_ids: list[int], output_ids: list[int]) -> None:
-        """A request of `pool` finished with these tokens (suffix decoding keeps them; default: nothing)."""
+    def learn(self, corpus: str, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """A request of `corpus` finished with these tokens (suffix decoding keeps them; default: nothing)."""
 
     # prefix caching: a proposer with a cache of its own (a draft model) hands it over when a sequence ends, and
     # copies a later sequence's shared prefix from it

@@ -286,5 +286,6 @@ def _build(ctx: BuildContext) -> DraftModelProposer | None:
 
 # k 4: the 0.5B draft's step costs ~a third of the target's, so its gain peaks at k=4 (docs/tuning.md)
 METHOD = Method("draft", 4, "model", prior_alpha=0.8, tree=True, needs="draft_model", build=_build,
+                draft_default=True,
                 summary="a smaller model of the same family drafts k tokens autoregressively (a token tree with "
                         "eagle_topk > 1)")

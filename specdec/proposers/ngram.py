@@ -59,6 +59,6 @@ class NgramProposer(Proposer):
 
 
 # k 8: nearly free to propose, it keeps gaining up to k=8 on edit-style prompts (docs/tuning.md)
-METHOD = Method("ngram", 8, "lookup", prior_alpha=0.3, build=lambda ctx: NgramProposer(),
+METHOD = Method("ngram", 8, "lookup", prior_alpha=0.3, step_lookup=True, build=lambda ctx: NgramProposer(),
                 summary="prompt lookup: what followed the latest earlier occurrence of the tail n-gram "
                         "(prompt_lookup_max/min)")

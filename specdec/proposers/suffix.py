@@ -161,10 +161,10 @@ class SuffixProposer(Proposer):
         self.pools.move_to_end(name)
         return corpus
 
-    def learn(self, pool: str, prompt_ids: list[int], output_ids: list[int]) -> None:
-        """A finished request's output joins its pool (the prompt is searched per request, as it comes)."""
+    def learn(self, corpus: str, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """A finished request's output joins its corpus (the prompt is searched per request, as it comes)."""
         with self._lock:
-            self.pool(pool).add(list(output_ids))
+            self.pool(corpus).add(list(output_ids))
 
     # -- proposing ------------------------------------------------------------------------------------------------
     def match(self, ctx: ProposalContext, room: int) -> tuple[int, list[int]]:
@@ -180,7 +180,7 @@ class SuffixProposer(Proposer):
         hits = []
         n_own, own = match_ends(ids, tail, cfg.max_match, cfg.min_match, exclude_end=len(ids))
         with self._lock:
-            corpus = self.pools.get(ctx.pool)
+            corpus = self.pools.get(ctx.corpus)
             arr = corpus.array if corpus is not None else None
         n_pool, found = match_ends(arr, tail, cfg.max_match, cfg.min_match) if arr is not None else (0, None)
         n = max(n_own, n_pool)

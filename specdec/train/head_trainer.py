@@ -43,6 +43,7 @@ from .features import (
     soft_targets,
     target_head_weight,
 )
+from .run_cache import RunCache
 
 
 @dataclass
@@ -116,6 +117,7 @@ class HeadTrainer:
         self.cfg, self.target, self.progress = cfg, target, progress
         self.model = target.model
         self.device = self.model.embed_tokens.weight.device
+        self.cache = RunCache(cfg.out, cfg.resume)
 
     # -- the pieces ----------------------------------------------------------------------------------------------
     def initial_head(self, method: str):
@@ -242,13 +244,13 @@ class HeadTrainer:
 
     def regenerate(self, asks: list[list[dict]]) -> list[list[int]]:
         """Each conversation's opening turn followed by the target's greedy answer  # token ids (prompt + answer)"""
-        from ..engine import LLMEngine, SchedulerConfig
+        from ..engine import EngineConfig, LLMEngine, SchedulerConfig
         from ..sampling_params import SamplingParams
         from ..utils import progress_bar
 
         tok = self.target.tokenizer
-        engine = LLMEngine(self.model, tok, scheduler=SchedulerConfig(max_num_seqs=self.cfg.regenerate_seqs,
-                                                                      max_num_batched_tokens=1024))
+        engine = LLMEngine(EngineConfig(self.model, tok, scheduler=SchedulerConfig(
+            max_num_seqs=self.cfg.regenerate_seqs, max_num_batched_tokens=1024)))
         params = SamplingParams(max_tokens=self.cfg.regenerate, temperature=0.0)
         seqs = []                                   # None where the prompt leaves no room for the answer
         for i, msgs in enumerate(asks):
@@ -277,7 +279,7 @@ class HeadTrainer:
         tok = self.target.tokenizer
         data_key = {k: getattr(c, k) for k in ("data", "doc_len", "max_tokens", "regenerate")}
         data_key |= {"target": self.target.name, "weights": self._weights_print(), "device": str(self.device)}
-        docs = self._cached("docs", data_key, lambda: load_sequences(c.data, tok, c.doc_len, c.max_tokens,
+        docs = self.cache.cached("docs", data_key, lambda: load_sequences(c.data, tok, c.doc_len, c.max_tokens,
                                                                      self.regenerate if c.regenerate else None))
         num_tokens = sum(len(d) for d in docs)
         windows = [(i, s, min(s + c.seq_len, len(d))) for i, d in enumerate(docs) for s in range(0, len(d), c.seq_len)
@@ -294,7 +296,7 @@ class HeadTrainer:
                                                  list(tok.eos_token_ids))
             else:
                 vocabs[m] = self.head_vocab(init)
-        feats = self._cached("features", data_key | {"layers": self.layers(), "topk": c.topk},
+        feats = self.cache.cached("features", data_key | {"layers": self.layers(), "topk": c.topk},
                              lambda: extract_features(self.model, docs, self.layers(), c.topk, self.progress))
         t_feat = time.perf_counter() - t0
         data = {"documents": len(docs), "windows": len(windows), "tokens": num_tokens, "feature_s": round(t_feat, 1)}
@@ -303,34 +305,16 @@ class HeadTrainer:
             t2d = torch.full((vocab,), -1, dtype=torch.long)
             t2d[vocabs[m]] = torch.arange(len(vocabs[m]))
             out[m] = self.train(m, c.out_dir(m), windows, feats, t2d.to(self.device), vocabs[m], data)
-        for what in ("docs", "features"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._cache_path(what))
+        self.cache.remove("docs", "features")
         return out
 
-    # -- the run's caches: what a stopped run keeps for --resume ---------------------------------------------------
-    def _cache_path(self, what: str) -> str:
-        return f"{self.cfg.out.rstrip('/')}.{what}.pt"
-
+    # -- what the run's caches are keyed by -------------------------------------------------------------------
     def _weights_print(self) -> str:
         """The target's weights as the features see them: its fingerprint and its stored bytes (a quantized target
         differs from its bf16 self)."""
         from ..models.heads import target_fingerprint
 
         return f"{target_fingerprint(self.model)}-{self.model.weight_nbytes()}-{self.model.embed_tokens.weight.dtype}"
-
-    def _cached(self, what: str, key: dict, make):
-        """make()'s result, saved atomically to OUT.<what>.pt; a --resume run with the same key loads it instead
-        (the regenerated answers and the features are the run's slow first hour on a CPU). Removed when the run
-        ends."""
-        path = self._cache_path(what)
-        if self.cfg.resume and os.path.isfile(path):
-            saved = torch.load(path, weights_only=False)        # tensors back on the devices they were saved from
-            if saved["key"] == key:
-                return saved["value"]
-        value = make()
-        save_torch_atomic({"key": key, "value": value}, path)
-        return value
 
     def train(self, method: str, out: str, windows, feats: Features, t2d, vocab_ids, data: dict) -> dict:
         from ..models.heads import save_head, target_fingerprint

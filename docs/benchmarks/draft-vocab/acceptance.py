@@ -10,7 +10,7 @@ import torch
 
 from specdec.bench.datasets import load_prompts
 from specdec.config import SpeculativeConfig
-from specdec.engine.llm_engine import LLMEngine
+from specdec.engine import EngineConfig, LLMEngine
 from specdec.models.loader import load_model
 from specdec.proposers.draft_vocab import draft_output_ids
 from specdec.sampling_params import SamplingParams
@@ -25,8 +25,8 @@ engines = {}
 for n in sizes:
     draft = load_model(DRAFT, quantization="int4", progress=False, int4_exact=False,
                        output_ids=draft_output_ids(TARGET, n, tgt.tokenizer.vocab_size)).model
-    engines[n] = LLMEngine(tgt.model, tgt.tokenizer, draft, enable_prefix_caching=False)
-plain = LLMEngine(tgt.model, tgt.tokenizer, None, enable_prefix_caching=False)
+    engines[n] = LLMEngine(EngineConfig(tgt.model, tgt.tokenizer, draft, enable_prefix_caching=False))
+plain = LLMEngine(EngineConfig(tgt.model, tgt.tokenizer, None, enable_prefix_caching=False))
 
 
 def run(engine, ids, spec):
