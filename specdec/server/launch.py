@@ -112,8 +112,10 @@ def _build_engine(args, compute):
 
     engine_args = getattr(args, "engine_args", None) or check_server_args(args)
     llm = LLM(engine_args)
-    if llm.speculative.method == AUTO:
-        llm.policy()             # measures (or reads) the cost model now, not on the first request
+    if llm.speculative.method == AUTO or llm.policy_candidates():
+        # any request may ask for auto (or hybrid, which steps by auto's controller): the cost model is measured (or
+        # read) now, on this thread, not on the engine thread in the middle of the first such request
+        llm.policy()
     if llm.heads:
         llm.row_cost(1)          # token trees are sized by the measured cost model: measure it now, not mid-request
     name = args.served_model_name or llm.target.name
