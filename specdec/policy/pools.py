@@ -196,8 +196,8 @@ class SpeculationPolicy:
                 e = choose(features, {m: None}, self.cost, self.cfg, (m,), self.max_context)
                 if e.gated:
                     return d                 # the draft cannot pay for reading this prompt: nothing to learn here
-                if get_method(m).needs == "draft_model" and \
-                        prompt_read(self.cost, features.context, features.max_tokens) > EXPLORE_READ:
+                read = prompt_read(self.cost.at(features.context), features.context, features.max_tokens)
+                if get_method(m).needs == "draft_model" and read > EXPLORE_READ:
                     return d                 # learn the draft's acceptance on a prompt it reads cheaply
                 k = e.k or 1
                 return Decision(m, k, e.expected_speedup, f"exploring {m} k={k} in pool '{pool_name}' "
