@@ -173,12 +173,6 @@ def amortized(speedup: float, read: float) -> float:
     return 1.0 / (1.0 / speedup + read)
 
 
-def prefill_pays(cost: CostModel, context: int, max_tokens: int, speedup: float) -> bool:
-    """Does a draft model that must first read a `context`-token prompt win back that time over at most
-    `max_tokens` decode steps at `speedup`? Unknown costs: yes."""
-    return amortized(speedup, prompt_read(cost, context, max_tokens)) > 1.0 if speedup > 1.0 else False
-
-
 def prices(method: str, cost: CostModel) -> bool:
     """Whether the cost model has a price for the method's proposals (a head's is measured per head)."""
     m = METHOD_TABLE.get(method)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..config import K_MAX, K_MIN, METHOD_TABLE, PLAIN, draft_model_method, get_method, lookup_method
-from .cost_model import CostModel, StepBudget, amortized, best_k, expected_tokens, prefill_pays, prices, prompt_read
+from .cost_model import CostModel, StepBudget, amortized, best_k, expected_tokens, prices, prompt_read
 
 # StepController's two sources of a step's draft: its model proposer (k draft steps) or prompt lookup's guess
 MODEL, LOOKUP = "model", "lookup"
@@ -123,6 +123,7 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
     cost = cost.at(features.context)
     cands: dict[str, Decision] = {}
     skipped: list[str] = []
+    read = prompt_read(cost, features.context, features.max_tokens)   # a draft model's, of this prompt
     for method in available:
         if not prices(method, cost):        # a cost model given by hand, or measured before the head was loaded
             skipped.append(f"no measured cost for {method}")
@@ -138,7 +139,7 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
         k, s = best_k(method, alpha, cost, k_max)
         # a draft model reads the whole prompt before its first draft; heads and lookups read nothing
         reads_prompt = get_method(method).needs == "draft_model"
-        if k and reads_prompt and not prefill_pays(cost, features.context, features.max_tokens, s):
+        if k and reads_prompt and amortized(s, read) <= 1.0:       # its read costs more than its steps save
             skipped.append(f"the draft's {features.context}-token prompt read costs more than {s:.2f}x saves over "
                            f"{features.max_tokens} tokens")
             continue
@@ -148,11 +149,8 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
     if not cands:
         return Decision(PLAIN, 0, 1.0, "; ".join(skipped) or "no method is expected to beat plain decoding",
                         gated=len(skipped) == len(available))
-    read = {m: prompt_read(cost, features.context, features.max_tokens) if get_method(m).needs == "draft_model"
-            else 0.0 for m in cands}
-
     def overall(m: str, s: float) -> float:       # over the whole request: per-step speedup s, the prompt read paid
-        return amortized(s, read[m])
+        return amortized(s, read if get_method(m).needs == "draft_model" else 0.0)
     best = max(cands.values(), key=lambda d: overall(d.method, d.expected_speedup))
     if best.expected_speedup < cfg.min_speedup:
         return Decision(PLAIN, 0, 1.0, f"best {best.method} k={best.k} expected {best.expected_speedup:.2f}x "
