@@ -127,6 +127,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     specdec::register_ops(m);
     specdec::register_attention(m);
     specdec::register_bf16_linear(m);
+    specdec::register_stack(m);
     m.def("set_prefetch_distance", &specdec::set_prefetch_distance, "bytes of weights prefetched ahead (0 = off)");
     m.def("prefetch_distance", &specdec::prefetch_distance);
     m.def("has_avx512_vnni", &specdec::cpu_has_avx512_vnni, "the CPU runs the AVX-512 VNNI kernel");

@@ -24,4 +24,5 @@ int ops_path(int64_t impl, bool width16, bool width8, const char* what);
 void register_ops(pybind11::module_& m);
 void register_attention(pybind11::module_& m);   // attention.cpp
 void register_bf16_linear(pybind11::module_& m);   // bf16_linear.cpp
+void register_stack(pybind11::module_& m);   // stack.cpp
 }

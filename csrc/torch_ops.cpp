@@ -6,3 +6,4 @@
 #include "ops.cpp"
 #include "attention.cpp"
 #include "bf16_linear.cpp"
+#include "stack.cpp"

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu_ops
+from . import cpu_ops, fused_stack
 from .attn_metadata import AttnMetadata
 from .config import ModelConfig
 from .kv_cache import SeqKV
@@ -155,17 +155,32 @@ class Transformer(nn.Module):
         """
         tables = self.rope_tables(attn.max_position + 1, input_ids.device)
         x, residual = self.embed(input_ids), None
-        aux = {}
-        for i, layer in enumerate(self.layers):
-            if i in aux_layers:
-                aux[i] = x.clone() if residual is None else x + residual   # the norms add into residual in place
-            x, residual = layer(x, residual, positions, *tables[i], attn)
+        stack = self.fused_stack()
+        if stack is not None:
+            x, residual, aux = fused_stack.run_stack(stack, x, positions, tables[0], attn, aux_layers)
+        else:
+            aux = {}
+            for i, layer in enumerate(self.layers):
+                if i in aux_layers:
+                    aux[i] = x.clone() if residual is None else x + residual   # the norms add into residual in place
+                x, residual = layer(x, residual, positions, *tables[i], attn)
         hidden = self.norm(x, residual)[0]
         if not aux_layers:
             return hidden
         if self.config.num_layers in aux_layers:
             aux[self.config.num_layers] = hidden
         return hidden, aux
+
+    def fused_stack(self):
+        """The layers as one compiled call (models/fused_stack.py), or None where the modules must run them. Built
+        on first use and again whenever a layer's linears were replaced (quantization after loading)."""
+        if not fused_stack.runs_stack():
+            return None
+        key = tuple(id(layer.mlp.down_proj) for layer in self.layers)
+        if getattr(self, "_stack_key", None) != key:
+            self._stack = fused_stack.build_stack(self, DecoderLayer)
+            self._stack_key = key
+        return self._stack
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)          # [N] -> [N, hidden]
