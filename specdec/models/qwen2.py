@@ -173,10 +173,10 @@ class Transformer(nn.Module):
 
     def fused_stack(self):
         """The layers as one compiled call (models/fused_stack.py), or None where the modules must run them. Built
-        on first use and again whenever a layer's linears were replaced (quantization after loading)."""
+        on first use and again whenever the layers' linears were replaced (quantization after loading)."""
         if not fused_stack.runs_stack():
             return None
-        key = tuple(id(layer.mlp.down_proj) for layer in self.layers)
+        key = (len(self.layers), id(self.layers[0].self_attn.qkv_proj), id(self.layers[-1].mlp.down_proj))
         if getattr(self, "_stack_key", None) != key:
             self._stack = fused_stack.build_stack(self, DecoderLayer)
             self._stack_key = key
