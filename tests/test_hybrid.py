@@ -58,3 +58,33 @@ def test_hybrid_is_offered_the_longest_match_of_lookup_and_suffix(llm):
         assert guess == [4, 1, 2]                           # no pool match: prompt lookup's
     finally:
         engine.abort("h")
+
+
+def test_hybrid_drafts_through_the_step_choice_proposer(llm):
+    """One drafting path: auto's and hybrid's requests draft through the step-choice proposer, which asks the
+    request's controller before each step and tells it how every step it planned went."""
+    from specdec.proposers.step_choice import StepChoiceProposer
+
+    engine = llm.engine
+    drafter = engine.drafting.drafter_of("hybrid")
+    assert isinstance(drafter, StepChoiceProposer) and engine.drafting.drafter_of("auto") is drafter
+    assert engine.drafting.drafter_of("draft") is engine.proposers["draft"]
+    block = "def add(a, b):\n    return a + b\n\n"
+    ids = llm.encode(block * 3 + "def add(a, b):", chat=False)
+    seq = engine.add_request("one-path", ids, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
+                             SpeculativeConfig("hybrid", 4))
+    ctl, calls = seq.spec.controller, {"choose": 0, "observe": 0}
+    choose, observe = ctl.choose_step, ctl.observe_step
+
+    def counted_choose(*a):
+        calls["choose"] += 1
+        return choose(*a)
+
+    def counted_observe(*a):
+        calls["observe"] += 1
+        return observe(*a)
+
+    ctl.choose_step, ctl.observe_step = counted_choose, counted_observe
+    while not seq.finished:
+        assert all(out.error is None for out in engine.step())
+    assert calls["choose"] > 0 and calls["observe"] == seq.stats.target_forwards

@@ -4,8 +4,8 @@ For a prompt chunk: its positions count as computed. For a sequence that sampled
 path moves into place in the KV cache, the newest token and the accepted drafts count as computed (a rejected
 draft's K/V is simply not counted), the emitted tokens are appended (stop conditions are checked there), the head
 reading the sequence gets the kept rows' hidden states, the grammar advances, logprobs are computed, and the
-proposers and the step controller hear how the draft fared. Finishing a request (prefix entry, suffix pools, the
-policy) stays with the engine, which owns the request table.
+proposers hear how the draft fared (a step controller through the proposer that asked it). Finishing a request
+(prefix entry, suffix pools, the policy) stays with the engine, which owns the request table.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..config import lookup_method
 from ..models.kv_manager import KVManager
 from ..proposers.base import Draft, Proposer, VerifyResult, empty_draft
 from ..sampling.logprobs import token_logprobs
@@ -88,12 +89,10 @@ class Committer:
         if plan.source == FORCED:
             stats.forced_steps += 1
             stats.forced_tokens += num_accepted
-        ctl = seq.spec.controller
-        if ctl is not None and plan.source != FORCED:
-            ctl.observe_step(num_draft, num_accepted, emitted)
-            stats.lookup_steps = ctl.lookup_steps
+        elif plan.source == lookup_method() and num_draft:
+            stats.lookup_steps += 1
         committed = seq.append(emitted)
-        result = VerifyResult(seq.seq_id, num_draft, num_accepted, len(seq.token_ids))
+        result = VerifyResult(seq.seq_id, num_draft, num_accepted, len(seq.token_ids), list(emitted))
         for proposer in self.uses(seq):
             proposer.observe(result)
         return committed

@@ -2,6 +2,10 @@
 `LLMEngine.step()`), with what a request needs for it when it arrives (method auto's decision, a combining method's
 step controller) and what the proposers read beside the target (prompt chunks, hidden states).
 
+A sequence drafts with its method's proposer; a request run by a step controller (auto's when it speculates with a
+model proposer and prompt lookup, hybrid's) with the step-choice proposer, which asks the controller and drafts
+through what it picks. So each step asks every proposer once, for all its sequences: one path.
+
 One object, built by the engine over its proposers: `assign` at add_request, `propose` each step, `read_prompts`
 after the forward; `uses` and `reader` tell the committer which proposers observe a sequence.
 """
@@ -17,6 +21,7 @@ from ..errors import SpecDecError
 from ..policy.cost_model import StepBudget
 from ..policy.decide import Decision, RequestFeatures, prior_alpha
 from ..proposers.base import Draft, ProposalContext, Proposer, empty_draft, tree_allowed
+from ..proposers.step_choice import StepChoiceProposer
 from .commit import FORCED, Plan
 from .sequence import Sequence
 
@@ -27,6 +32,9 @@ class Drafting:
     def __init__(self, proposers: dict[str, Proposer], policy_factory: Callable[[], object] | None = None,
                  row_cost: Callable[..., float] | None = None):
         self.proposers = proposers                 # one per loaded method ({method: Proposer})
+        # methods auto (a request it speculates on with a model proposer and prompt lookup) and hybrid draft through
+        # their request's step controller: one proposer for both, asked like the others
+        self.step_choice = StepChoiceProposer(proposers)
         self._policy_factory = policy_factory
         self._policy = None
         # row_cost(n, context=c): V(n) after c tokens, a target forward over n rows relative to one (the cost
@@ -103,84 +111,93 @@ class Drafting:
             return max((f.match(ctx, room) for f in finders), key=lambda m: (m[0], len(m[1])))
         return longest
 
+    def drafter_of(self, method: str) -> Proposer | None:
+        """The proposer a sequence of this method drafts with (auto's and a combining method's: the step-choice
+        proposer); None for plain decoding or a method whose proposer is not loaded."""
+        if method == AUTO or (get_method(method).combines and self.runs(method)):
+            return self.step_choice
+        return self.proposers.get(method)
+
     def uses(self, seq: Sequence) -> list[Proposer]:
-        """The proposers that may draft for this sequence (its method's, or those its step controller picks
-        among): they observe its verifications."""
-        ctl = seq.spec.controller
-        names = ctl.uses if ctl is not None else (seq.spec.method,)
-        return [self.proposers[n] for n in names if n in self.proposers]
+        """The proposers that may draft for this sequence (its method's; for a step controller's, the one that asks it
+        and those it picks among): they observe its verifications."""
+        drafter = self.drafter_of(seq.spec.method)
+        if drafter is None:
+            return []
+        if drafter is not self.step_choice or seq.spec.controller is None:
+            return [drafter]
+        return [drafter] + [self.proposers[n] for n in seq.spec.controller.uses if n in self.proposers]
 
     def reader(self, seq: Sequence) -> Proposer | None:
         """The learned head among the sequence's proposers, if any: it reads the sequence's hidden states at every
         step."""
         return next((p for p in self.uses(seq) if p.target_hidden), None)
 
+    def release(self, seq: Sequence) -> None:
+        """The sequence left the running set (finished, aborted or preempted): nothing planned for it is pending."""
+        self.step_choice.release(seq.seq_id)
+
     def read_prompts(self, prefills: list[tuple[Sequence, int]]) -> None:
         """The step's prompt chunks, to the proposers that read prompts themselves (a draft model), in the step that
-        prefills them in the target -- for a sequence of a fixed method. A sequence whose step controller picks its
-        proposer per step (auto, hybrid) leaves the draft's read of its prompt until a step first picks the draft,
-        which then catches up in chunks (DraftModelProposer.propose): no first token waits for a read the policy
-        may never use (a request that prompt lookup serves, a short answer)."""
+        prefills them in the target -- for a sequence of that proposer's method. A sequence whose step controller
+        picks its proposer per step (auto, hybrid) leaves the draft's read of its prompt until a step first picks the
+        draft, which then catches up in chunks (DraftModelProposer.propose): no first token waits for a read the
+        policy may never use (a request that prompt lookup serves, a short answer)."""
         for name, proposer in self.proposers.items():
             # each chunk starts a few tokens early: after a prefix cache hit the draft's own cache may end a little
             # before the target's (it lacks the newest token's K/V), and the overlap lets it catch up here, in the
             # prefill, instead of in its first decode step (a proposer skips what its cache already holds)
             chunks = [(s.seq_id, max(0, s.num_computed - READ_BACK), s.token_ids[max(0, s.num_computed - READ_BACK):
                                                                                  s.num_computed + n])
-                      for s, n in prefills if s.spec.controller is None and s.spec.method == name]
+                      for s, n in prefills if s.spec.method == name]
             if chunks:
                 proposer.prefill(chunks)
 
     def propose(self, seqs: list[Sequence], rows: int) -> list[Plan]:
-        """Each decoding sequence's draft for this step, by its own method and k (method auto: what its step
-        controller picks, knowing the rows the step already carries)."""
+        """Each decoding sequence's draft for this step: the grammar's forced tokens where it has some, else its
+        method's proposer's draft, every proposer asked once for all its sequences. The step-choice proposer (auto,
+        hybrid) is asked last, with the rows the others' drafts add to the step."""
         plans = [Plan() for _ in seqs]
-        budget = None
         # method auto under load: past the policy's max_load running sequences every step of theirs is plain (the
         # per-request gate, applied per step: a request admitted at low load stops drafting once the batch fills;
         # the draft model's catch-up forwards are not in the step budget, so it would underprice them)
         auto_off = self._policy is not None and len(seqs) > self._policy.cfg.max_load
-        wanted: dict[str, list[tuple[int, int]]] = {}   # proposer -> (index, k): drafted together below
-        # fixed methods first: their rows are part of what auto's sequences see in the budget
-        order = sorted(range(len(seqs)), key=lambda i: seqs[i].spec.controller is not None)
-        for i in order:
-            seq, sp, plan = seqs[i], seqs[i].spec, plans[i]
+        asked: dict[Proposer, list[tuple[int, int]]] = {}   # proposer -> (index, k), asked together below
+        for i, seq in enumerate(seqs):
+            sp = seq.spec
             room = min(sp.k, seq.room)
-            if room <= 0:
-                continue
-            if seq.constraint is not None:
+            if room > 0 and seq.constraint is not None:
                 forced = seq.constraint.forced(room)          # the grammar's next tokens: verified without drafting
                 if forced:
-                    plan.draft, plan.source = Draft(torch.tensor(forced, dtype=torch.long)), FORCED
+                    plans[i].draft, plans[i].source = Draft(torch.tensor(forced, dtype=torch.long)), FORCED
                     rows += len(forced)
                     continue
-            ctl, guess = sp.controller, None
-            if ctl is None:                                 # a fixed method
-                name, k = sp.method, room
-                if sp.topk > 1 and not tree_allowed(sp.topk, seq.params, seq.constraint):
-                    k = min(k, sp.depth)                    # a tree request verified as a chain: the tree's depth
-            elif auto_off:
+            drafter = self.drafter_of(sp.method)
+            if drafter is None:
                 continue
-            else:
-                if budget is None and self._policy is not None:
-                    context = max(len(s.token_ids) for s in seqs)     # the longest attention prices the rows
-                    budget = StepBudget(self._policy.cost.at(context), rows=rows, tokens=float(len(seqs)))
-                name, k, guess = ctl.choose_step(seq.token_ids, room, seq.constraint, budget)
-            if guess is not None:                           # the controller's prompt-lookup guess, already made
-                plan.draft, plan.source = Draft(torch.tensor(guess, dtype=torch.long)), name
-                rows += len(guess)
-            elif k > 0 and name in self.proposers and self.proposers[name].free:
-                plan.draft, plan.source = self.proposers[name].propose([self.context(seq, k)], [k])[0], name
-                rows += len(plan.draft)
-            elif k > 0 and name in self.proposers:
-                wanted.setdefault(name, []).append((i, k))
-                rows += k
-        for name, asked in wanted.items():
-            ctxs = [self.context(seqs[i], k) for i, k in asked]
-            for (i, _), ctx, draft in zip(asked, ctxs, self.proposers[name].propose(ctxs, [k for _, k in asked])):
-                # only a greedy request without a grammar is verified as a tree (exactly: by argmax)
-                plans[i].draft = draft if draft.parents is None or ctx.tree else empty_draft()
-                plans[i].source = name
+            k = max(0, room)
+            if drafter is self.step_choice:                 # its controller picks k within the room, every step
+                k = 0 if auto_off else k
+            elif k == 0:
+                continue
+            elif sp.topk > 1 and not tree_allowed(sp.topk, seq.params, seq.constraint):
+                k = min(k, sp.depth)                        # a tree request verified as a chain: the tree's depth
+            asked.setdefault(drafter, []).append((i, k))
+        for drafter in sorted(asked, key=lambda d: d is self.step_choice):
+            ctxs = [self.context(seqs[i], k) for i, k in asked[drafter]]
+            if drafter is self.step_choice and self._policy is not None:
+                context = max(len(s.token_ids) for s in seqs)     # the longest attention prices the rows
+                budget = StepBudget(self._policy.cost.at(context), rows=rows, tokens=float(len(seqs)))
+                for ctx in ctxs:
+                    ctx.budget = budget
+            drafts = drafter.propose(ctxs, [k for _, k in asked[drafter]])
+            for (i, _), draft in zip(asked[drafter], drafts):
+                # only a greedy request without a grammar or penalties is verified as a tree (exactly: by argmax)
+                seq = seqs[i]
+                plans[i].draft = draft if draft.parents is None or tree_allowed(2, seq.params, seq.constraint) \
+                    else empty_draft()
+                plans[i].source = draft.source or drafter.name
+                rows += len(plans[i].draft)
         return plans
 
     def context(self, seq: Sequence, k: int) -> ProposalContext:
@@ -189,5 +206,5 @@ class Drafting:
         rows = functools.partial(self.row_cost, context=len(seq.token_ids)) if self.row_cost is not None else None
         return ProposalContext(seq.seq_id, seq.token_ids, seq.params, seq.generator, seq.constraint, sp.topk,
                                min(sp.depth, k), rows, sp.prompt_lookup_max, sp.prompt_lookup_min, seq.corpus,
-                               sp.prediction, seq.penalties)
+                               sp.prediction, seq.penalties, controller=sp.controller)
 

@@ -3,8 +3,9 @@ drives this one object.
 
 One step, one object per stage:
 1. schedule (`Scheduler`, scheduler.py): which sequences decode, which prompt chunks run;
-2. propose (`Drafting`, drafting.py, over `self.proposers`, one per loaded method): each decoding sequence's draft,
-   by its own method and k, or by what method auto's step controller picks; a proposer drafts for its sequences at once;
+2. propose (`Drafting`, drafting.py, over `self.proposers`, one per loaded method): each decoding sequence's draft
+   from its method's proposer (auto's and hybrid's: the step-choice proposer, which drafts through whatever the
+   request's step controller picks); each proposer drafts for all its sequences at once;
 3. execute (`ModelRunner`, model_runner.py): one target forward over every row of every sequence;
 4. verify (`verify_step`, sampling/verifier.py): greedy and sampled sequences, chains and trees, grammar masks;
 5. commit (`Committer`, commit.py): cache truncation, stop conditions, stats, the proposers told what happened; a
@@ -227,6 +228,7 @@ class LLMEngine:
     def _release_proposers(self, seq: Sequence) -> None:
         for proposer in self.proposers.values():
             proposer.release(seq.seq_id)
+        self.drafting.release(seq)
 
     # -- the step ---------------------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:

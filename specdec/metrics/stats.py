@@ -31,7 +31,8 @@ class RequestStats:
     draft_steps: int = 0                # target forwards that verified a non-empty draft
     draft_tokens: int = 0
     accepted_tokens: int = 0
-    lookup_steps: int = 0               # method "auto": draft steps that verified a prompt-lookup guess
+    lookup_steps: int = 0               # draft steps that verified a prompt-lookup guess (auto, hybrid: those
+                                        # their step controller gave to lookup; ngram: all)
     forced_steps: int = 0               # structured outputs: draft steps that verified tokens the grammar forced
     forced_tokens: int = 0              # ... and the forced tokens accepted there
     acceptance_rate: float | None = None          # accepted / drafted

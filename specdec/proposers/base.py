@@ -50,6 +50,11 @@ class ProposalContext:
     prediction: list[int] | None = None    # the request's predicted output (OpenAI's `prediction`), as tokens
     penalties: Penalties | None = None     # the request's penalties and bias: a model drafts from the adjusted logits
     drafted: list[int] = field(default_factory=list)   # this proposal's tokens so far (what the penalties count)
+    # methods auto and hybrid: the request's step controller (policy/decide.py), which picks each step's proposer
+    # and k, and the step's budget (policy/cost_model.py's StepBudget: the rows the step carries so far), which it
+    # sizes that choice by and adds it to; None for a fixed method
+    controller: object | None = None
+    budget: object | None = None
 
     @property
     def tree(self) -> bool:
@@ -69,6 +74,7 @@ class Draft:
     q_draft: torch.Tensor | None = None    # [k', V] the draft's (processed) probabilities; None = one-hot
     parents: list[int] | None = None       # a token tree (greedy only): node i's parent node, -1 for the newest
                                            # token; parents come before children. None: a chain
+    source: str = ""                       # the method that made it, where a proposer drafted through another's
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
@@ -95,6 +101,7 @@ class VerifyResult:
     num_draft: int
     num_accepted: int
     committed_len: int                     # tokens in the sequence after this step
+    emitted: list[int] = field(default_factory=list)   # the tokens this step committed (accepted, then one more)
 
 
 class Proposer(ABC):
