@@ -25,7 +25,8 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(llm, spec, max_queued: int = 16, api_key: str | None = None, name: str = "tiny",
-                   max_num_seqs: int | None = None, api_keys: dict[str, str] | None = None):
+                   max_num_seqs: int | None = None, api_keys: dict[str, str] | None = None,
+                   log_interval_s: float = 0.5):
     import uvicorn
 
     from specdec.server.app import ServerState, create_app
@@ -35,7 +36,7 @@ def running_server(llm, spec, max_queued: int = 16, api_key: str | None = None, 
     old_max = llm.engine.sched_cfg.max_num_seqs
     if max_num_seqs is not None:            # the scheduler reads its config at every step
         llm.engine.sched_cfg.max_num_seqs = max_num_seqs
-    engine = AsyncEngine(llm, spec, max_queued, ServerMetrics(name), log_interval_s=0.5)
+    engine = AsyncEngine(llm, spec, max_queued, ServerMetrics(name), log_interval_s=log_interval_s)
     state = ServerState(engine, name, api_key=api_key, api_keys=api_keys or {}, drain_timeout_s=5)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))

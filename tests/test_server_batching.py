@@ -46,22 +46,24 @@ def test_client_leaving_during_a_long_prefill_frees_the_engine_within_a_chunk(ll
             left = time.monotonic()
             while state.engine.num_running and time.monotonic() - left < 5:
                 time.sleep(0.01)
-            freed = time.monotonic() - left
             assert state.engine.num_running == 0 and llm.engine.kv.allocated == llm.engine.kv.prefix.capacity
             prefilled = sum(n for _, n in steps)
-            # it stopped long before the whole prompt: within a few chunks of the client leaving
-            assert prefilled < 240 and freed < 1.0, (prefilled, freed)
+            # it stopped long before the whole prompt: within a few chunks of the client leaving (counted in steps,
+            # not seconds)
+            assert prefilled < 240, prefilled
             assert sum(1 for t, n in steps if t > left and n) <= 4
     finally:
         llm.engine.sched_cfg.max_num_batched_tokens = old
 
 
 def test_running_gauge_drops_as_soon_as_a_request_finishes(llm):
-    with running_server(llm, SpeculativeConfig(method="none")) as (url, _):
+    """The gauges follow the requests, not the periodic log line: with a log interval of an hour, the running gauge
+    still drops once the request has finished (the deadline only ends a wait that would never end)."""
+    with running_server(llm, SpeculativeConfig(method="none"), log_interval_s=3600) as (url, _):
         r = httpx.post(url + "/v1/chat/completions", timeout=30,
                        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
         assert r.status_code == 200
-        deadline = time.monotonic() + 0.3     # the log interval (0.5 s here, 10 s by default) must not matter
+        deadline = time.monotonic() + 30
         while _gauge(url, "specdec:num_requests_running") and time.monotonic() < deadline:
             time.sleep(0.02)
         assert _gauge(url, "specdec:num_requests_running") == 0
