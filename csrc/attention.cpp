@@ -143,6 +143,25 @@ SPECDEC_AVX512F void weighted_values_heads(const B* vc, int64_t d, int64_t nkeys
     }
 }
 
+// Sixteen keys' scores from their lane partials a[0..15]: lane j of the result is _mm512_reduce_add_ps(a[j]), by the
+// same tree of additions (lanes i + i+8, then i + i+4, then i + i+2, then 0 + 1), so the bits are the one-key loop's;
+// four shuffle-and-add levels shared by the sixteen keys instead of a horizontal reduction per key.
+SPECDEC_AVX512F inline __m512 reduce16(const __m512* a) {
+    __m512 t[8], u[4], v[2];
+    for (int p = 0; p < 8; ++p)   // keys 2p, 2p+1: lanes i + i+8, each key's eight in two 128-bit blocks
+        t[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xEE));
+    for (int p = 0; p < 4; ++p)   // keys 4p .. 4p+3: lanes i + i+4, a block each
+        u[p] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * p], t[2 * p + 1], 0x88),
+                             _mm512_shuffle_f32x4(t[2 * p], t[2 * p + 1], 0xDD));
+    for (int p = 0; p < 2; ++p)   // lanes 0 + 2 and 1 + 3 of each block: block k holds keys 8p+k and 8p+4+k
+        v[p] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * p], u[2 * p + 1], 0x44),
+                             _mm512_shuffle_ps(u[2 * p], u[2 * p + 1], 0xEE));
+    // lanes 0 + 1: lane 4k + m holds key k + 4m; put key j in lane j
+    const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xDD));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), w);
+}
+
 template <typename B, int G>   // q: G heads, head h at q + h * q_stride; out likewise; s: G * nkeys floats
 SPECDEC_AVX512F void attend_heads_avx512(const B* q, int64_t q_stride, const B* kc, const B* vc, int64_t d,
                                          int64_t nkeys, KeySlots slot, float scale, float* s, B* out,
@@ -151,7 +170,27 @@ SPECDEC_AVX512F void attend_heads_avx512(const B* q, int64_t q_stride, const B* 
     alignas(64) float qf[G][256];
     for (int g = 0; g < G; ++g)
         for (int i = 0; i < nv; ++i) _mm512_store_ps(qf[g] + 16 * i, vload(q + g * q_stride + 16 * i));
-    for (int64_t j = 0; j < nkeys; ++j) {
+    // keys sixteen at a time: each key's lane partials as below, then one reduce16 per head
+    alignas(64) float kf[16 * 256];
+    int64_t j = 0;
+    for (; j + 16 <= nkeys; j += 16) {
+        for (int kk = 0; kk < 16; ++kk) {
+            const B* kj = kc + slot(j + kk) * d;
+            for (int i = 0; i < nv; ++i) _mm512_store_ps(kf + kk * d + 16 * i, vload(kj + 16 * i));
+        }
+        for (int g = 0; g < G; ++g) {
+            __m512 acc[16];
+            const __m512 q0 = _mm512_load_ps(qf[g]);
+            for (int kk = 0; kk < 16; ++kk) acc[kk] = _mm512_mul_ps(q0, _mm512_load_ps(kf + kk * d));
+            for (int i = 1; i < nv; ++i) {
+                const __m512 qi = _mm512_load_ps(qf[g] + 16 * i);
+                for (int kk = 0; kk < 16; ++kk)
+                    acc[kk] = _mm512_fmadd_ps(qi, _mm512_load_ps(kf + kk * d + 16 * i), acc[kk]);
+            }
+            _mm512_storeu_ps(s + g * nkeys + j, _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale)));
+        }
+    }
+    for (; j < nkeys; ++j) {
         const B* kj = kc + slot(j) * d;
         __m512 acc[G];
         const __m512 k0 = vload(kj);
