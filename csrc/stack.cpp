@@ -4,8 +4,8 @@
 // rotary embedding, ragged attention, o_proj, RMSNorm, gate_up, SiLU-and-multiply, down), to the same functions of
 // this extension with the same arguments, so every row gets the same bits. What the loop saves is what surrounds
 // them in Python: ~10 module calls, wrappers and argument conversions per layer, and, larger on a CPU whose caches
-// the weight stream flushes every layer, the interpreter's and dispatcher's own data brought back each time. On the
-// 0.5B draft's one-token step that was ~2-3 ms of ~16 (docs/benchmarks/fused-stack).
+// the weight stream flushes every layer, the interpreter's and dispatcher's own data brought back each time (what that
+// cost a one-token step: docs/benchmarks/fused-stack).
 //
 // Included into torch_ops.cpp after bindings.cpp, ops.cpp and attention.cpp: their anonymous namespace is this one.
 #include <torch/extension.h>
