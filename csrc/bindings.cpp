@@ -57,7 +57,6 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
     const int64_t stride = specdec::asum_stride(k, int(group));
     auto asum = torch::empty({m, stride}, torch::kInt16);
     auto ascale = torch::empty({m, ns}, torch::kFloat32);
-    auto out = torch::empty({m, n}, torch::kFloat32);
     // bf16 in -> bf16 out, rounded here (shared code, round half to even) so no separate cast op is needed
     auto out_bf16 = bf16_in ? torch::empty({m, n}, torch::kBFloat16) : torch::Tensor();
     torch::Tensor b;
@@ -69,6 +68,10 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
               reinterpret_cast<const uint16_t*>(dm.data_ptr<at::Half>()), n, k, int(bits), int(group), int(sb)};
     const int64_t path = impl == 0 ? auto_impl(w, m) : impl;
     const bool use_amx = path == 4, use_avx = path == 2 || use_amx, use_avx2 = path == 3;
+    // the AMX kernel rounds its bf16 rows itself: no fp32 rows at all (a prompt chunk's gate_up would be ~37 MB,
+    // fresh pages at every call)
+    const bool direct_bf16 = use_amx && bf16_in;
+    auto out = torch::empty({direct_bf16 ? 0 : m, n}, torch::kFloat32);
     {
         pybind11::gil_scoped_release no_gil;
         const void* xp = xf.data_ptr();
@@ -92,18 +95,19 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
         });
         QAct xa{ap, sp, cp, m, stride};
         const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-        float* op = out.data_ptr<float>();
+        float* op = direct_bf16 ? nullptr : out.data_ptr<float>();
+        uint16_t* obp = direct_bf16 ? reinterpret_cast<uint16_t*>(out_bf16.data_ptr<c10::BFloat16>()) : nullptr;
         // Threads split the output columns; each column's arithmetic is the same whoever computes it.
         at::parallel_for(0, nb, 1, [&](int64_t c0, int64_t c1) {
             if (use_amx)
-                specdec::qlinear_amx(w, xa, bp, op, c0, c1);
+                specdec::qlinear_amx(w, xa, bp, op, obp, c0, c1);
             else if (use_avx)
                 specdec::qlinear_avx512(w, xa, bp, op, c0, c1);
             else if (use_avx2)
                 specdec::qlinear_avx2(w, xa, bp, op, c0, c1);
             else
                 specdec::qlinear_portable(w, xa, bp, op, c0, c1);
-            if (bf16_in) {
+            if (bf16_in && !direct_bf16) {
                 c10::BFloat16* ob = out_bf16.data_ptr<c10::BFloat16>();
                 for (int64_t r = 0; r < m; ++r)
                     if (use_avx)

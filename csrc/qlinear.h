@@ -72,7 +72,9 @@ bool cpu_has_avx512_vnni();
 // fp32 -> bf16 bits as c10::BFloat16 rounds them (count: a multiple of 16; AVX-512 CPUs only)
 void to_bf16_avx512(const float* src, uint16_t* dst, int64_t count);
 // AMX-INT8 tile multiplies (bit-identical to the AVX-512 kernel); cpu_has_amx() also asks Linux for the tile state
-void qlinear_amx(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1);
+// out_bf16: where given, the rows go there rounded to bf16 and nothing to `out` (which may be null)
+void qlinear_amx(const QWeight& w, const QAct& x, const float* bias, float* out, uint16_t* out_bf16, int64_t cb0,
+                 int64_t cb1);
 bool cpu_has_amx();
 // AVX2 (+ FMA, F16C) for CPUs without AVX-512 VNNI: 4- and 6-bit codes (8-bit ones fall back to the portable kernel)
 void qlinear_avx2(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1);

@@ -93,20 +93,36 @@ constexpr int COLUMN_BLOCKS = 8;   // column blocks a superblock's activations (
 
 // One superblock's share of rows [r0, r0 + rows) x column block cb, from its two products (the tiles stored):
 // S = 256 hi + lo, then Mn and the float epilogue, the VNNI kernel's arithmetic instruction for instruction.
-SPECDEC_AMX void epilogue(const QWeight& w, const QAct& x, const int32_t (*Clo)[16], const int32_t (*Chi)[16],
-                          const __m512i* mn_pairs, const __m512i mn_last, int64_t g0, int64_t g1, int64_t s,
-                          const __m512 d, const __m512 dmin, float* ocol, int64_t r0, int rows) {   // ocol: [M, 16]
-    const int64_t ns = w.nsuper(), ngp = x.asum_stride;
+// NPAIR > 0: the superblock has exactly 2 * NPAIR groups, and their pairs of mins stay in registers for every row
+// (two Mn chains, added: integer sums are exact in any order); NPAIR == 0: any count (a short last superblock).
+template <int NPAIR>
+SPECDEC_AMX void epilogue(const QAct& x, const int32_t (*Clo)[16], const int32_t (*Chi)[16], const __m512i* mn_pairs,
+                          const __m512i mn_last, int64_t g0, int64_t g1, int64_t ns, int64_t s, const __m512 d,
+                          const __m512 dmin, float* ocol, int64_t r0, int rows) {   // ocol: [M, 16]
+    const int64_t ngp = x.asum_stride;
+    __m512i pairs[NPAIR > 0 ? NPAIR : 1];
+    for (int i = 0; i < NPAIR; ++i) pairs[i] = mn_pairs[i];
     for (int r = 0; r < rows; ++r) {
         const int64_t row = r0 + r;
         const __m512i S = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(Chi[r]), 8), _mm512_load_si512(Clo[r]));
-        const int16_t* asum = x.asum + row * ngp;
-        __m512i Mn = _mm512_setzero_si512();
-        int64_t g = g0;
-        for (int i = 0; g + 1 < g1; g += 2, ++i)
-            Mn = _mm512_dpwssd_epi32(Mn, mn_pairs[i], _mm512_set1_epi32(*static_cast<const i32u*>(
-                                                          static_cast<const void*>(asum + g))));
-        if (g < g1) Mn = _mm512_add_epi32(Mn, _mm512_mullo_epi32(mn_last, _mm512_set1_epi32(asum[g])));
+        const int16_t* asum = x.asum + row * ngp + g0;
+        __m512i Mn;
+        if constexpr (NPAIR > 0) {
+            __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
+            for (int i = 0; i < NPAIR; i += 2) {
+                m0 = _mm512_dpwssd_epi32(m0, pairs[i], _mm512_set1_epi32(*reinterpret_cast<const i32u*>(asum + 2 * i)));
+                if (i + 1 < NPAIR)
+                    m1 = _mm512_dpwssd_epi32(m1, pairs[i + 1],
+                                             _mm512_set1_epi32(*reinterpret_cast<const i32u*>(asum + 2 * i + 2)));
+            }
+            Mn = _mm512_add_epi32(m0, m1);
+        } else {
+            Mn = _mm512_setzero_si512();
+            int64_t g = g0;
+            for (int i = 0; g + 1 < g1; g += 2, ++i)
+                Mn = _mm512_dpwssd_epi32(Mn, mn_pairs[i], _mm512_set1_epi32(*reinterpret_cast<const i32u*>(asum + (g - g0))));
+            if (g < g1) Mn = _mm512_add_epi32(Mn, _mm512_mullo_epi32(mn_last, _mm512_set1_epi32(asum[g - g0])));
+        }
         const __m512 t = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(Mn), _mm512_mul_ps(_mm512_cvtepi32_ps(S), d));
         float* o = ocol + row * 16;
         _mm512_store_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(x.ascale[row * ns + s]), t, _mm512_load_ps(o)));
@@ -114,7 +130,8 @@ SPECDEC_AMX void epilogue(const QWeight& w, const QAct& x, const int32_t (*Clo)[
 }
 
 template <int BITS, int GROUP>
-SPECDEC_AMX void kernel(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
+SPECDEC_AMX void kernel(const QWeight& w, const QAct& x, const float* bias, float* out, uint16_t* out_bf16, int64_t cb0,
+                        int64_t cb1) {
     constexpr int ROWS_PER_GROUP = GROUP / 4;              // tile rows (4 k each) one group fills
     const int64_t ng = w.ngroups(), ns = w.nsuper(), tb = w.tile_bytes(), K = w.k, M = x.m;
     // a superblock's planes in chunks of 64 k (16 tile rows of 64 bytes); a partial last chunk is zero-padded, and
@@ -185,24 +202,49 @@ SPECDEC_AMX void kernel(const QWeight& w, const QAct& x, const float* bias, floa
                         _tile_stored(6, C[2], 64);
                         _tile_stored(7, C[3], 64);
                     }
-                    epilogue(w, x, C[0], C[1], mn_pairs, mn_last, g0, g1, s, d, dmin, ocol, r0, rows0);
-                    if (rows1) epilogue(w, x, C[2], C[3], mn_pairs, mn_last, g0, g1, s, d, dmin, ocol, r0 + 16, rows1);
+                    auto finish = [&](const int32_t (*Clo)[16], const int32_t (*Chi)[16], int64_t first, int rows) {
+                        if (g1 - g0 == 8)
+                            epilogue<4>(x, Clo, Chi, mn_pairs, mn_last, g0, g1, ns, s, d, dmin, ocol, first, rows);
+                        else if (g1 - g0 == 16)
+                            epilogue<8>(x, Clo, Chi, mn_pairs, mn_last, g0, g1, ns, s, d, dmin, ocol, first, rows);
+                        else
+                            epilogue<0>(x, Clo, Chi, mn_pairs, mn_last, g0, g1, ns, s, d, dmin, ocol, first, rows);
+                    };
+                    finish(C[0], C[1], r0, rows0);
+                    if (rows1) finish(C[2], C[3], r0 + 16, rows1);
                 }
             }
         }
         for (int64_t r = 0; r < M; ++r)
             for (int64_t cb = run; cb < run_end; ++cb) {
-                const __m512 v = _mm512_load_ps(acc + ((cb - run) * M + r) * 16);
-                _mm512_storeu_ps(out + r * w.n + cb * 16, bias ? _mm512_add_ps(v, _mm512_loadu_ps(bias + cb * 16)) : v);
+                __m512 v = _mm512_load_ps(acc + ((cb - run) * M + r) * 16);
+                if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + cb * 16));
+                if (out_bf16)   // the caller's bf16 rows, rounded here as to_bf16_avx512 rounds (no fp32 copy made)
+                    _mm256_storeu_si256((__m256i*)(out_bf16 + r * w.n + cb * 16), bf16_round16(v));
+                else
+                    _mm512_storeu_ps(out + r * w.n + cb * 16, v);
             }
     }
     if (configured >= 0) _tile_release();
 }
 
+// A format without a tile kernel (none today): the VNNI kernel, then the bf16 rounding where the caller wants it
+void fallback(const QWeight& w, const QAct& x, const float* bias, float* out, uint16_t* out_bf16, int64_t cb0,
+              int64_t cb1) {
+    std::vector<float> scratch;
+    if (!out) scratch.resize(size_t(x.m * w.n)), out = scratch.data();
+    qlinear_avx512(w, x, bias, out, cb0, cb1);
+    if (out_bf16)
+        for (int64_t r = 0; r < x.m; ++r)
+            to_bf16_avx512(out + r * w.n + cb0 * 16, out_bf16 + r * w.n + cb0 * 16, (cb1 - cb0) * 16);
+}
+
 }  // namespace
 
-void qlinear_amx(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
-    SPECDEC_DISPATCH_FORMAT(w, kernel, qlinear_avx512, w, x, bias, out, cb0, cb1);   // others: VNNI
+void qlinear_amx(const QWeight& w, const QAct& x, const float* bias, float* out, uint16_t* out_bf16, int64_t cb0,
+                 int64_t cb1) {
+    // every format qlinear accepts has a tile kernel: the fallback is never taken
+    SPECDEC_DISPATCH_FORMAT(w, kernel, fallback, w, x, bias, out, out_bf16, cb0, cb1);
 }
 
 }  // namespace specdec
@@ -211,8 +253,8 @@ void qlinear_amx(const QWeight& w, const QAct& x, const float* bias, float* out,
 
 namespace specdec {
 bool cpu_has_amx() { return false; }
-void qlinear_amx(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
-    qlinear_avx512(w, x, bias, out, cb0, cb1);
+void qlinear_amx(const QWeight& w, const QAct& x, const float* bias, float* out, uint16_t*, int64_t cb0, int64_t cb1) {
+    qlinear_avx512(w, x, bias, out, cb0, cb1);   // never called: cpu_has_amx() is false here
 }
 }  // namespace specdec
 

@@ -192,17 +192,8 @@ void quantize_rows_avx512(const T* x, int64_t m, int64_t k, int group, int sb, i
 template void quantize_rows_avx512<float>(const float*, int64_t, int64_t, int, int, int8_t*, int16_t*, float*);
 template void quantize_rows_avx512<uint16_t>(const uint16_t*, int64_t, int64_t, int, int, int8_t*, int16_t*, float*);
 
-SPECDEC_AVX512 void to_bf16_avx512(const float* src, uint16_t* dst, int64_t count) {
-    // c10::BFloat16's rounding, 16 at a time: round half to even on the bits, a NaN to 0x7FC0 (count: a multiple of 16)
-    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF), qnan = _mm512_set1_epi32(0x7FC0);
-    for (int64_t i = 0; i < count; i += 16) {
-        const __m512 v = _mm512_loadu_ps(src + i);
-        const __m512i u = _mm512_castps_si512(v);
-        const __m512i bias = _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
-        _mm256_storeu_si256((__m256i*)(dst + i), _mm512_cvtepi32_epi16(r));
-    }
+SPECDEC_AVX512 void to_bf16_avx512(const float* src, uint16_t* dst, int64_t count) {   // count: a multiple of 16
+    for (int64_t i = 0; i < count; i += 16) _mm256_storeu_si256((__m256i*)(dst + i), bf16_round16(_mm512_loadu_ps(src + i)));
 }
 
 void qlinear_avx512(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {

@@ -39,4 +39,14 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i mins_p
     return _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi)));
 }
 
+// 16 floats rounded to bf16 as c10::BFloat16 rounds: round half to even on the bits, a NaN to 0x7FC0
+__attribute__((target("avx512f,avx512bw"), always_inline)) inline __m256i bf16_round16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(u, 16),
+                                                                                      _mm512_set1_epi32(1)));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    return _mm512_cvtepi32_epi16(r);
+}
+
 }  // namespace specdec
