@@ -10,9 +10,9 @@ namespace {
 using specdec::QAct;
 using specdec::QWeight;
 
-// Rows from which AMX's tile multiplies beat VNNI's: 28 (python -m specdec.bench.kernels --methods ours-vnni,ours-amx;
+// Rows from which AMX's tile multiplies beat VNNI's: 20 (python -m specdec.bench.kernels --methods ours-vnni,ours-amx;
 // docs/benchmarks/amx). Below it, preparing the scaled code planes costs more than the tile multiplies save.
-int64_t g_amx_min_rows = 28;
+int64_t g_amx_min_rows = 20;
 
 // The kernel qlinear's impl 0 runs for a weight and m rows: AMX where the CPU has it and m reaches g_amx_min_rows,
 // else AVX-512 VNNI where the CPU has it, else AVX2 where it runs the format, else the portable one (as impl:
