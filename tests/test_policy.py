@@ -1,4 +1,5 @@
 """The speculation policy: cost model and choice as pure functions, adaptive k, pools with fallback, rollout."""
+import dataclasses
 import math
 import os
 
@@ -402,6 +403,32 @@ def test_measured_cost_model_has_a_bucket_per_context_the_window_holds(tmp_path)
         assert len(b["verify"]) == 4 and b["verify"][0] == 1.0 and b["target_step_s"] > 0
         assert 0 < b["draft_step"] < float("inf")                  # the draft (here the target itself) timed too
     assert cost.at(800).context == 832                            # rounded up to 64 tokens, between two buckets
+    # the draft's read timed on one engine chunk and on a longer prompt the window holds (1193 tokens, in chunks)
+    assert [n for n, _ in cost.draft_read] == [512, 1200 - 8] and all(r > 0 for _, r in cost.draft_read)
+    assert cost.draft_prefill_s == cost.draft_read[0][1] and cost.at(800).draft_read == cost.draft_read
+    assert CostModel.from_dict(cost.to_dict()).draft_read == cost.draft_read
+
+
+def test_a_long_prompts_read_is_priced_at_its_length():
+    """A token of a long prompt costs the draft more to read than one of a 512-token prompt (it attends to more before
+    it): the price per token is interpolated between the lengths measured and extrapolated along the last segment up
+    to twice the longest; where that makes the pair lose to lookup on a 2k prompt, lookup runs alone, though one
+    chunk's price alone would have sent the draft."""
+    from specdec.policy.cost_model import read_seconds
+
+    flat = CostModel(draft_step=0.25, verify=[1.0, 1.05, 1.09, 1.13, 1.17, 1.21], target_step_s=0.055,
+                     draft_prefill_s=0.0006)
+    grows = dataclasses.replace(flat, draft_read=[[512, 0.0006], [2048, 0.0010]])
+    assert read_seconds(flat, 2000) == pytest.approx(2000 * 0.0006)
+    assert read_seconds(grows, 256) == pytest.approx(256 * 0.0006)
+    assert read_seconds(grows, 1280) == pytest.approx(1280 * 0.0008)
+    assert read_seconds(grows, 4096) == pytest.approx(4096 * (0.0006 + 0.0004 * 3584 / 1536))
+    assert read_seconds(grows, 8192) == pytest.approx(8192 * (0.0006 + 0.0004 * 3584 / 1536))   # no further out
+    alphas = {"draft": 0.9, "ngram": 0.55}
+    f = RequestFeatures(max_tokens=128, context=2000)
+    assert choose(f, alphas, flat, PolicyConfig()).method == "draft"
+    alone = choose(f, alphas, grows, PolicyConfig())
+    assert alone.method == "ngram" and "prompt read" in alone.reason
 
 
 def test_a_cost_model_file_of_another_version_is_measured_again(tiny_dirs, tmp_path, monkeypatch):

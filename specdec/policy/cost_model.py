@@ -52,6 +52,9 @@ class CostModel:
     # seconds per prompt token for the draft model to read a prompt (it does so while the target prefills, so a
     # long prompt's first token comes later by about this much per token when the draft is chosen)
     draft_prefill_s: float = 0.0
+    # the same per prompt length, [[tokens, seconds per token], ...] ascending (read in the engine's chunks): a
+    # token's attention grows with the tokens before it, so a 2k prompt costs more per token than a 512 one
+    draft_read: list = field(default_factory=list)
     _by_context: dict = field(default_factory=dict, repr=False, compare=False)   # at()'s results, per 64 tokens
 
     def __post_init__(self):
@@ -89,7 +92,7 @@ class CostModel:
                 "verify_large": self.verify_large, "lookup": self.lookup, "target_step_s": self.target_step_s,
                 "source": self.source, "heads": {m: list(c) for m, c in self.heads.items()}, "context": self.context,
                 "by_context": [{**b, "draft_step": _finite_or_none(b["draft_step"])} for b in self.by_context],
-                "draft_prefill_s": self.draft_prefill_s}
+                "draft_prefill_s": self.draft_prefill_s, "draft_read": self.draft_read}
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
@@ -99,7 +102,8 @@ class CostModel:
                    [{"context": int(b["context"]), "verify": [float(v) for v in b["verify"]],
                      "draft_step": _step(b.get("draft_step", 0.0)), "target_step_s": float(b.get("target_step_s", 0.0))}
                     for b in d.get("by_context", [])],
-                   float(d.get("draft_prefill_s", 0.0)))
+                   float(d.get("draft_prefill_s", 0.0)),
+                   [[int(n), float(x)] for n, x in d.get("draft_read", [])])
 
     def contexts(self) -> list[int]:
         """The contexts measured, ascending."""
@@ -138,7 +142,7 @@ class CostModel:
         sa, sb = a["target_step_s"], b["target_step_s"]
         step_s = mix(sa, sb) if sa and sb else self.target_step_s
         return CostModel(draft, verify, large, self.lookup, step_s, self.source, dict(self.heads), context,
-                         draft_prefill_s=self.draft_prefill_s)
+                         draft_prefill_s=self.draft_prefill_s, draft_read=self.draft_read)
 
 
 def read_cost_file(path, key: str, revision: int) -> CostModel | None:
@@ -159,12 +163,25 @@ def read_cost_file(path, key: str, revision: int) -> CostModel | None:
     return cost if sane else None
 
 
+def read_seconds(cost: CostModel, tokens: int) -> float:
+    """Seconds for the draft model to read a `tokens`-token prompt: its per-token time interpolated linearly in the
+    length between the lengths measured (draft_read), extrapolated along the last segment up to twice the longest (as
+    CostModel.at does for steps); draft_prefill_s a token where only that was measured."""
+    pts = cost.draft_read
+    if len(pts) < 2:
+        return tokens * (pts[0][1] if pts else cost.draft_prefill_s)
+    n = min(max(tokens, pts[0][0]), 2 * pts[-1][0])
+    i = next((i for i in range(1, len(pts)) if n <= pts[i][0]), len(pts) - 1)
+    (na, ra), (nb, rb) = pts[i - 1], pts[i]
+    return tokens * (ra + (rb - ra) * (n - na) / (nb - na))
+
+
 def prompt_read(cost: CostModel, context: int, max_tokens: int) -> float:
-    """A draft model's read of a `context`-token prompt (cost.draft_prefill_s a token, paid once before it first
-    drafts), as a share of the plain decode of `max_tokens` tokens (0 where either cost is unknown)."""
-    if not cost.draft_prefill_s or not cost.target_step_s or max_tokens <= 0:
+    """A draft model's read of a `context`-token prompt (read_seconds, paid once before it first drafts), as a share
+    of the plain decode of `max_tokens` tokens (0 where either cost is unknown)."""
+    if not (cost.draft_prefill_s or cost.draft_read) or not cost.target_step_s or max_tokens <= 0:
         return 0.0
-    return context * cost.draft_prefill_s / (max_tokens * cost.target_step_s)
+    return read_seconds(cost, context) / (max_tokens * cost.target_step_s)
 
 
 def amortized(speedup: float, read: float) -> float:

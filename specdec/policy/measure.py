@@ -119,6 +119,8 @@ def head_times(proposer, hidden_size: int, vocab: int, dtype, device, context: i
 
 
 CONTEXT_BUCKETS = (1024, 2048, 4096)    # contexts measured past the short one (those the model's window holds)
+READ_CHUNK = 512     # tokens per forward when the draft reads a prompt (the engine's prefill chunk)
+READ_LONG = 2048     # the longer prompt the draft's read is timed on, beside one chunk
 
 
 def forward_times_by_context(model, ns: list[int], contexts: list[int], repeats: int) -> dict[int, dict[int, float]]:
@@ -171,16 +173,21 @@ def measure_cost_model(target, draft=None, lookup=None, k_max: int = 8, context:
             by_context.append({"context": n_ctx, "verify": [times[n] / times[1] for n in small],
                                "draft_step": dl[n_ctx][1] / times[1] if n_ctx in dl else float("inf"),
                                "target_step_s": times[1]})
-    prefill_s = prefill_time(draft, 512) / 512 if draft is not None else 0.0     # one chunk of the engine's size
+    # the draft's read of a prompt of one engine chunk and of four (a long prompt's tokens attend to more before them)
+    if draft is not None:
+        long = max(READ_CHUNK, min(READ_LONG, window, draft.config.max_position_embeddings - 8))
+        reads = [[n, prefill_time(draft, n) / n] for n in sorted({READ_CHUNK, long})]
+    else:
+        reads = []
     return CostModel(draft_step=c, verify=verify, verify_large=large, lookup=cost, target_step_s=t[1],
                      source="measured", heads=head_cost, context=context, by_context=by_context,
-                     draft_prefill_s=prefill_s)
+                     draft_prefill_s=reads[0][1] if reads else 0.0, draft_read=reads)
 
 
-def prefill_time(model, tokens: int, repeats: int = 2) -> float:
-    """Seconds for `model` to read a `tokens`-token prompt in one chunk (the minimum of a few): a real forward over
-    every token (_primed_cache computes only SEED_ROWS of them, which made a 512-token read look 3x cheaper than the
-    engine's)."""
+def prefill_time(model, tokens: int, repeats: int = 2, chunk: int = READ_CHUNK) -> float:
+    """Seconds for `model` to read a `tokens`-token prompt in chunks of `chunk` tokens, as the engine reads one (the
+    minimum of a few): a real forward over every token (_primed_cache computes only SEED_ROWS of them, which made a
+    512-token read look 3x cheaper than the engine's)."""
     from ..models.runner import Span, forward_spans
 
     vocab = model.embed_tokens.weight.shape[0]
@@ -190,7 +197,8 @@ def prefill_time(model, tokens: int, repeats: int = 2) -> float:
         kv = model.new_kv()
         kv.resize(-(-(tokens + 1) // model.key_block) * model.key_block)
         t0 = time.perf_counter()
-        forward_spans(model, [Span(kv, 0, ids, "none")])
+        for start in range(0, tokens, chunk):
+            forward_spans(model, [Span(kv, start, ids[start: start + chunk], "none")])
         best = min(best, time.perf_counter() - t0)
     return best
 
