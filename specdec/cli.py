@@ -4,8 +4,9 @@ from __future__ import annotations
 import sys
 
 from .cli_args import build_parser
-from .config import PLAIN, head_methods
+from .config import PLAIN
 from .errors import SpecDecError
+from .proposers.registry import head_methods
 from .utils import write_json_atomic
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from .config import AUTO, METHOD_TABLE, PLAIN, QUANTIZATIONS, head_methods, method_names
+from .config import AUTO, PLAIN, QUANTIZATIONS
 from .engine.scheduler import ITL_TARGET_S
+from .proposers.registry import METHOD_TABLE, head_methods, method_names
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

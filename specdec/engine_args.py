@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import AUTO, PLAIN, QUANTIZATIONS, SpeculativeConfig, draft_model_method, get_method, head_methods
+from .config import AUTO, PLAIN, QUANTIZATIONS, SpeculativeConfig
 from .engine import SchedulerConfig
 from .engine.scheduler import ITL_TARGET_S
 from .errors import SpecDecError
 from .models.registry import DEFAULT_TARGET
 from .policy import PolicyConfig
+from .proposers.registry import draft_model_method, get_method, head_methods
 from .utils import parse_json_object
 
 DTYPES = ("bfloat16", "float32", "float16")

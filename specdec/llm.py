@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .config import AUTO, METHOD_TABLE, SpeculativeConfig, get_method, method_names
+from .config import AUTO, SpeculativeConfig
 from .engine import EngineConfig, LLMEngine, RequestOutput, StreamDelta
 from .engine_args import EngineArgs
 from .errors import SpecDecError
@@ -25,6 +25,7 @@ from .policy.cost_model import read_cost_file
 from .policy.measure import measure_cost_model, measure_quietly
 from .policy.pools import SpeculationPolicy
 from .proposers.ngram import find_ngram_continuation
+from .proposers.registry import METHOD_TABLE, get_method, method_names
 from .sampling_params import SamplingParams
 from .utils import set_aside
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import get_method
 from .engine_args import EngineArgs
 from .errors import SpecDecError
 from .models.heads import LoadedHead
@@ -19,6 +18,7 @@ from .proposers import check_compatible
 from .proposers.cross_vocab import METHOD as CROSS_VOCAB
 from .proposers.cross_vocab import vocab_map_of
 from .proposers.draft_vocab import draft_output_ids
+from .proposers.registry import get_method, head_methods
 
 log = logging.getLogger("specdec")
 
@@ -54,8 +54,9 @@ def load_head_for(method: str, path: str | None, target: LoadedModel, quantizati
     the engine's CPU kernels (quantization: none | int8 | int4; None: models.heads.default_head_quantization)."""
     from .models.heads import load_head, pack_head, shipped_head
 
-    head = load_head(path or shipped_head(method, target.name), target.model, target.model.embed_tokens.weight.dtype,
-                     target.model.embed_tokens.weight.device, method)
+    weight = target.model.embed_tokens.weight
+    head = load_head(path or shipped_head(method, target.name, get_method(method).trainable), target.model,
+                     weight.dtype, weight.device, method)
     head.quantization = pack_head(head.module, quantization)
     return head
 
@@ -71,7 +72,8 @@ def default_heads(method: str, target_name: str) -> dict[str, str | None]:
     beside the draft model and lookup (docs/benchmarks/heads-default); else none."""
     from .models.heads import shipped_heads
 
-    return {m: None for m in shipped_heads(target_name)} if get_method(method).kind == "policy" else {}
+    return ({m: None for m in shipped_heads(target_name, head_methods())} if get_method(method).kind == "policy"
+            else {})
 
 
 def wants_draft_model(args: EngineArgs) -> bool:

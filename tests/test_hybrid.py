@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specdec import LLM, SamplingParams, SpeculativeConfig
-from specdec.config import get_method
 from specdec.errors import SpecDecError
+from specdec.proposers.registry import get_method
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 import specdec
-from specdec.config import (
+from specdec.config import SpeculativeConfig
+from specdec.proposers import plugins, registry
+from specdec.proposers.ngram import NgramProposer
+from specdec.proposers.registry import (
     METHOD_TABLE,
     Method,
-    SpeculativeConfig,
     draft_model_method,
     get_method,
     lookup_method,
@@ -23,8 +25,6 @@ from specdec.config import (
     register_method,
     unregister_method,
 )
-from specdec.proposers import plugins
-from specdec.proposers.ngram import NgramProposer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ def test_builtin_methods_come_from_the_proposers_declarations():
     (Method("odd", 4, "lookup"), "build must be a callable"),
     (Method("odd", 4, "lookup", build=NgramProposer, needs="gpu"), "needs must be one of"),
     (Method("odd", 4, "lookup", build=NgramProposer, prior_alpha=1.5), "prior_alpha must be in"),
-    ("not a method", "not a specdec.config.Method"),
+    ("not a method", "not a specdec.Method"),
     (Method("odd", 4, "lookup", build=NgramProposer, step_lookup=True), "step_lookup is already held by 'ngram'"),
     (Method("odd", 4, "cache", build=NgramProposer, step_lookup=True), "step_lookup needs kind 'lookup'"),
     (Method("odd", 4, "model", build=NgramProposer, draft_default=True), "draft_default needs"),
@@ -117,7 +117,7 @@ def test_plugin_loader_registers_good_ones_and_reports_bad_ones_in_one_line(monk
                   EntryPoint("elsewhere", "plugin_good:METHOD", "other.group"))
     try:
         with caplog.at_level(logging.WARNING, logger="specdec.plugins"):
-            loaded = plugins.load_plugins()
+            loaded = registry.load_plugins()
         assert loaded == {"good": ["good"], "many": ["good2"], "broken": [], "badrow": []}
         assert get_method("good").default_k == 5 and get_method("good2").kind == "cache"
         assert get_method("good").origin != "specdec"                   # the distribution (here: the module)
@@ -125,7 +125,7 @@ def test_plugin_loader_registers_good_ones_and_reports_bad_ones_in_one_line(monk
         assert len(lines) == 2 and all("\n" not in line for line in lines)
         assert "'broken = plugin_broken:METHOD' not loaded: ImportError: libfoo.so" in lines[0]
         assert "'badrow = plugin_badrow:METHOD' not loaded: method 'ngram' is already declared" in lines[1]
-        assert plugins.load_plugins() == loaded                          # once per process
+        assert registry.load_plugins() == loaded                          # once per process
     finally:
         for name in ("good", "good2"):
             unregister_method(name)
@@ -140,7 +140,7 @@ def test_specdec_plugins_names_the_entry_points_that_load(monkeypatch, tmp_path,
     _entry_points(monkeypatch, EntryPoint("good", "plugin_filtered:METHOD", plugins.GROUP))
     monkeypatch.setenv("SPECDEC_PLUGINS", wanted)
     try:
-        plugins.load_plugins()
+        registry.load_plugins()
         assert {"good"} & set(METHOD_TABLE) == expect
     finally:
         unregister_method("good")
@@ -193,8 +193,8 @@ def test_every_declared_method_keeps_greedy_parity(tiny_dirs, tiny_models, tmp_p
     from test_heads import _eagle1, _eagle3, _medusa
 
     from specdec import LLM, SamplingParams
-    from specdec.config import METHOD_TABLE
     from specdec.models.heads import save_head, target_fingerprint
+    from specdec.proposers.registry import METHOD_TABLE
 
     target, _ = tiny_models
     fingerprint = {"specdec_target_fingerprint": target_fingerprint(target.model)}

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from server_utils import server_process
 
-from specdec.config import METHOD_TABLE, method_names
+from specdec.proposers.registry import METHOD_TABLE, method_names
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "proposer-plugin"
@@ -55,7 +55,7 @@ SURFACES = textwrap.dedent('''
     from specdec import LLM, SamplingParams, SpeculativeConfig
     from specdec.bench.offline import OfflineBenchConfig, run_offline
     from specdec.cli import main
-    from specdec.config import method_names
+    from specdec.proposers.registry import method_names
 
     target, draft, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     found = {"methods": list(method_names())}
@@ -145,7 +145,7 @@ def test_removing_the_plugin_leaves_nothing(plugin_site, tmp_path):
     assert "echo" not in METHOD_TABLE                       # this process never had it on its path
     site = tmp_path / "site"
     shutil.copytree(plugin_site, site)
-    code = "import specdec; from specdec.config import method_names; print(','.join(method_names()))"
+    code = "from specdec.proposers.registry import method_names; print(','.join(method_names()))"
     run = lambda: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,  # noqa: E731
                                  env=_env(site), cwd=tmp_path)
     assert "echo" in run().stdout.split(",")
@@ -154,3 +154,20 @@ def test_removing_the_plugin_leaves_nothing(plugin_site, tmp_path):
     assert out.returncode == 0
     assert out.stdout.strip() == ",".join(method_names())     # the built-in ones, as this process has them
     assert "specdec" not in out.stderr                      # no warning about a plugin that is gone
+
+
+def test_importing_registers_nothing_until_the_table_is_read(plugin_site, tmp_path):
+    """The method table fills itself on its first read: importing specdec and every proposer module loads no
+    plugin (a plugin's import cost and its warnings wait for a reader), and the first read sees the whole table."""
+    code = textwrap.dedent("""
+        import specdec, specdec.llm, specdec.server.app
+        from specdec.proposers import plugins
+        from specdec.proposers.registry import METHOD_TABLE
+        print(sorted(plugins.loaded_plugins()))
+        print(METHOD_TABLE["echo"].origin, sorted(plugins.loaded_plugins()))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=_env(plugin_site), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "specdec-echo ['broken', 'echo']"]
+    assert out.stderr.count("proposer plugin 'broken") == 1   # reported once, at the first read

@@ -24,8 +24,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("specdec.errors", "specdec.utils", "specdec.gguf_file"),
     # pure functions over tensors (torch only): logits processing, verification, grammar masks
     ("specdec.sampling",),
-    # plain data: config and request dataclasses (SamplingParams carries a sampling.grammar spec), stats
-    ("specdec.config", "specdec.sampling_params", "specdec.metrics"),
+    # plain data: the request dataclass (SamplingParams carries a sampling.grammar spec)
+    ("specdec.sampling_params",),
     # text <-> token ids; knows no model
     ("specdec.tokenizer", "specdec.tokenizer_gguf"),
     # linear methods swapped into a model at load time; they know nothing of the transformer
@@ -33,8 +33,10 @@ LAYERS: list[tuple[str, ...]] = [
      "specdec.models.hugepages"),
     # weights, transformer, heads, KV caches; nothing about drafts or requests
     ("specdec.models",),
-    # drafts from models and n-grams; no engine
+    # drafts from models and n-grams, each method's declaration beside its proposer, the method table; no engine
     ("specdec.proposers",),
+    # the speculative config (resolves a method's defaults from the table) and per-request stats
+    ("specdec.config", "specdec.metrics"),
     # choice of method and k; measure.py times real proposers and forwards to fit the cost model
     ("specdec.policy",),
     # the step loop over everything below

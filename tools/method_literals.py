@@ -1,9 +1,9 @@
-"""Count method-name string literals outside the method table (specdec/config.py) and the methods' own files.
+"""Count method-name string literals outside the method table (specdec/proposers/) and the methods' own files.
 
     python tools/method_literals.py [--max N]        (default: at most 10)
 
 A method is declared once, beside its proposer (specdec/proposers/), and every other module asks the table
-(config.METHOD_TABLE) by kind, need or name. This lists every place a declared method's name is still spelled
+(proposers/registry.METHOD_TABLE) by kind, need or name. This lists every place a declared method's name is still spelled
 out as a string elsewhere, with the reason it is allowed (ALLOWED, below); it exits 1 when one has no reason or
 when there are more than --max. "none" and "auto" are common words (a quantization scheme, a tool_choice, an
 ops implementation), so they count only where a method is meant: compared with or passed as a `method`/`spec`.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "specdec"
 # the method table and the methods' own files: proposers (declarations) and the learned heads' model files
-OWN = ("config.py", "proposers/", "models/eagle3.py", "models/eagle1.py", "models/medusa.py")
+OWN = ("proposers/", "models/eagle3.py", "models/eagle1.py", "models/medusa.py")
 COMMON_WORDS = ("none", "auto")
 # (file relative to specdec/, literal) -> why it stays
 ALLOWED: dict[tuple[str, str], str] = {
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max", type=int, default=10)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT.parent))
-    from specdec.config import METHOD_TABLE
+    from specdec.proposers.registry import METHOD_TABLE
 
     builtin = {m.name for m in METHOD_TABLE.values() if m.origin == "specdec"}
     hits = find(ROOT, builtin)

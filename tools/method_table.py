@@ -1,4 +1,4 @@
-"""The README's table of speculative methods, from the method table (config.METHOD_TABLE).
+"""The README's table of speculative methods, from the method table (proposers/registry.METHOD_TABLE).
 
     python tools/method_table.py            print it
     python tools/method_table.py --write    replace the table between README.md's markers
@@ -18,7 +18,7 @@ NEEDS = {"": "-", "draft_model": "a draft model", "head": "a learned head"}
 
 def table() -> str:
     sys.path.insert(0, str(REPO))
-    from specdec.config import METHOD_TABLE, method_names
+    from specdec.proposers.registry import METHOD_TABLE, method_names
 
     rows = ["| method | kind | default k | trees | needs | what it does |", "|---|---|---|---|---|---|"]
     for name in method_names():

@@ -15,7 +15,8 @@ import argparse
 
 import torch
 
-from ..config import METHOD_TABLE, PLAIN, QUANTIZATIONS, SpeculativeConfig, head_methods
+from ..config import PLAIN, QUANTIZATIONS, SpeculativeConfig
+from ..proposers.registry import METHOD_TABLE, head_methods
 
 
 def measure(llm, heads: dict[str, str | None], schemes: list[str], context: int = 256, rounds: int = 3,

@@ -16,20 +16,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import (
-    AUTO,
-    K_MAX,
-    K_MIN,
-    PLAIN,
-    SpeculativeConfig,
-    draft_model_method,
-    get_method,
-    lookup_method,
-    method_names,
-    tree_methods,
-)
+from ..config import AUTO, K_MAX, K_MIN, PLAIN, SpeculativeConfig
 from ..errors import SpecDecError
 from ..metrics.stats import peak_rss_mb
+from ..proposers.registry import draft_model_method, get_method, lookup_method, method_names, tree_methods
 from ..sampling_params import SamplingParams
 from ..utils import write_json_atomic, write_text_atomic
 from .datasets import load_prompts

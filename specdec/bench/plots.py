@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import METHOD_TABLE
+from ..proposers.registry import METHOD_TABLE
 from ..utils import atomic_path
 from .summary import ALL
 

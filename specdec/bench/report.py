@@ -7,7 +7,8 @@ config is recommended when it beats plain decoding by at least ENABLE_MIN_SPEEDU
 """
 from __future__ import annotations
 
-from ..config import AUTO, METHOD_TABLE, PLAIN
+from ..config import AUTO, PLAIN
+from ..proposers.registry import METHOD_TABLE
 from .summary import ALL
 
 ENABLE_MIN_SPEEDUP = 1.10      # below this a single run on a shared machine cannot tell a win from noise

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import lookup_method
 from ..models.kv_manager import KVManager
 from ..proposers.base import Draft, Proposer, VerifyResult, empty_draft
+from ..proposers.registry import lookup_method
 from ..sampling.logprobs import token_logprobs
 from .sequence import Sequence
 

@@ -16,11 +16,12 @@ from collections.abc import Callable
 
 import torch
 
-from ..config import AUTO, get_method, lookup_method
+from ..config import AUTO
 from ..errors import SpecDecError
 from ..policy.cost_model import StepBudget
 from ..policy.decide import Decision, RequestFeatures, prior_alpha
 from ..proposers.base import Draft, ProposalContext, Proposer, empty_draft, tree_allowed
+from ..proposers.registry import get_method, lookup_method
 from ..proposers.step_choice import StepChoiceProposer
 from .commit import FORCED, Plan
 from .sequence import Sequence

@@ -20,12 +20,12 @@ import time
 
 import torch
 
-from ..config import SpeculativeConfig, get_method
+from ..config import SpeculativeConfig
 from ..errors import SpecDecError
 from ..models.kv_manager import KVManager
 from ..models.prefix_cache import PrefixCache, salt_key
 from ..proposers.base import Proposer, empty_draft
-from ..proposers.registry import build_proposers
+from ..proposers.registry import build_proposers, get_method
 from ..sampling.logprobs import token_logprobs
 from ..sampling.penalties import Penalties, wants_penalties
 from ..sampling.verifier import Verification, verify_step

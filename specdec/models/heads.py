@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import METHOD_TABLE
 from ..errors import SpecDecError
 from ..utils import atomic_dir
 from .config import ModelConfig
@@ -44,18 +43,18 @@ class LoadedHead:
 SHIPPED = Path(__file__).resolve().parent.parent / "heads"      # specdec/heads/<target>/<method>/
 
 
-def shipped_heads(target_name: str) -> list[str]:
-    """The learned-head methods shipped with specdec for a target (none for a target of the user's own)."""
-    return [m for m, d in METHOD_TABLE.items()
-            if d.needs == "head" and (SHIPPED / target_name / m / "config.json").is_file()]
+def shipped_heads(target_name: str, methods: tuple[str, ...]) -> list[str]:
+    """Which of the learned-head `methods` ship with specdec for a target (none for a target of the user's own)."""
+    return [m for m in methods if (SHIPPED / target_name / m / "config.json").is_file()]
 
 
-def shipped_head(method: str, target_name: str) -> Path:
-    """The head shipped with specdec for a built-in target, or a SpecDecError saying there is none."""
+def shipped_head(method: str, target_name: str, trainable: bool = False) -> Path:
+    """The head shipped with specdec for a built-in target, or a SpecDecError saying there is none (and, for a
+    `trainable` method, how to train one)."""
     path = SHIPPED / target_name / method
     if not (path / "config.json").is_file():
         have = sorted(f"{p.parent.name}/{p.name}" for p in SHIPPED.glob("*/*") if (p / "config.json").is_file())
-        train = f", or train one with `specdec train-head --method {method}`" if METHOD_TABLE[method].trainable else ""
+        train = f", or train one with `specdec train-head --method {method}`" if trainable else ""
         raise SpecDecError(f"no {method} head ships for target '{target_name}' (shipped: {', '.join(have) or 'none'}); "
                            f"pass a head directory as the speculative config's model{train}")
     return path

@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..config import METHOD_TABLE, PLAIN
+from ..config import PLAIN
+from ..proposers.registry import METHOD_TABLE
 
 
 def expected_tokens(alpha: float, k: int) -> float:

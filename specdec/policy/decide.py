@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..config import K_MAX, K_MIN, METHOD_TABLE, PLAIN, draft_model_method, get_method, lookup_method
+from ..config import K_MAX, K_MIN, PLAIN
+from ..proposers.registry import METHOD_TABLE, draft_model_method, get_method, lookup_method
 from .cost_model import CostModel, StepBudget, amortized, best_k, expected_tokens, prices, prompt_read
 
 # StepController's two sources of a step's draft: its model proposer (k draft steps) or prompt lookup's guess

@@ -16,7 +16,8 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from ..config import PLAIN, get_method, lookup_method
+from ..config import PLAIN
+from ..proposers.registry import get_method, lookup_method
 from .cost_model import CostModel, prompt_read
 from .decide import (
     Decision,

@@ -20,7 +20,7 @@ from ..sampling_params import SamplingParams
 
 @dataclass
 class BuildContext:
-    """What a method's `build` gets (config.Method.build): the target and whatever else the caller loaded."""
+    """What a method's `build` gets (Method.build): the target and whatever else the caller loaded."""
     target: torch.nn.Module                # the target Transformer (its embedding, output head, layer count)
     vocab_size: int                        # the target tokenizer's vocabulary (drafts are over it)
     max_total_tokens: int                  # the engine's KV budget (a proposer's own caches fit the same)
@@ -157,7 +157,7 @@ class Proposer(ABC):
     def accept_hidden(self, seq_id: int, start: int, hidden: dict[int, torch.Tensor]) -> None:
         """The target's hidden states {layer: [n, H]} at committed positions start .. start+n-1 of a sequence."""
 
-    # what /v1/speculative/status shows under the method, and a state file (config.Method.state_file) it keeps
+    # what /v1/speculative/status shows under the method, and a state file (Method.state_file) it keeps
     def status(self) -> dict:
         """The method's own section of /v1/speculative/status (default: nothing beyond the table's row)."""
         return {}

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..config import Method
 from ..errors import SpecDecError
 from ..models.kv_manager import KVManager
 from ..models.runner import Span, forward_spans
 from ..tokenizer import Tokenizer
 from .base import BuildContext, Draft, ProposalContext, Proposer, VerifyResult, empty_draft, head_draft_token
 from .draft_model import catch_up
+from .method import Method
 
 # Bytes alone do not count: every byte-level vocabulary has all 256 of them. A draft that shares fewer than this
 # share of its multi-byte tokens with the target could only spell the target's text a byte at a time.

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import Method
 from ..errors import SpecDecError
 from ..models.kv_cache import SeqKV
 from ..models.kv_manager import KVManager
@@ -14,6 +13,7 @@ from ..models.qwen2 import Transformer
 from ..models.runner import Span, forward_spans
 from ..tokenizer import Tokenizer
 from .base import BuildContext, Draft, ProposalContext, Proposer, VerifyResult, draft_token, head_draft_token
+from .method import Method
 from .tree import TreeBuilder
 
 DECODE_ROWS = 16     # catch-up spans up to this many tokens run as decode rows (row-by-row attention)

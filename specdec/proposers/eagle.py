@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Method
 from ..models.attn_metadata import causal_metadata, tree_keys
 from ..models.eagle1 import EagleHead
 from ..models.eagle3 import Eagle3Head
 from ..models.kv_manager import KVManager
 from .base import BuildContext, Draft, ProposalContext, Proposer, empty_draft, head_draft_token
+from .method import Method
 from .tree import TreeBuilder
 
 DECODE_ROWS = 16     # feeds up to this many rows take the row-by-row attention

@@ -5,7 +5,7 @@ step-choice proposer (proposers/step_choice.py), which drafts through the draft 
 decoding's proposers as the controller picks; the declaration builds none of its own."""
 from __future__ import annotations
 
-from ..config import Method
+from .method import Method
 
 METHOD = Method("hybrid", 4, "model", prior_alpha=0.8, needs="draft_model", build=lambda ctx: None,
                 combines=("draft", "ngram", "suffix"), auto_candidate=False,

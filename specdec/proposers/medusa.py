@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Method
 from ..models.medusa import MedusaHeads
 from .base import BuildContext, Draft, ProposalContext, Proposer, empty_draft, head_draft_token
+from .method import Method
 from .tree import TreeBuilder
 
 

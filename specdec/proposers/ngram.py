@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config import Method
 from .base import Draft, ProposalContext, Proposer
+from .method import Method
 
 
 def find_ngram_continuation(token_ids: list[int] | np.ndarray, k: int, max_n: int, min_n: int) -> list[int]:

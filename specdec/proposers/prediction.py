@@ -14,8 +14,8 @@ import threading
 import numpy as np
 import torch
 
-from ..config import Method
 from .base import Draft, ProposalContext, Proposer
+from .method import Method
 
 RESYNC_MAX = 12       # longest tail searched for after a divergence
 RESYNC_MIN = 2        # a shorter match says too little about where the answer is in the prediction

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import Method
 from ..utils import atomic_path
 from .base import Draft, ProposalContext, Proposer, tree_allowed
+from .method import Method
 
 SEP = -1                      # between requests in a pool's token array: no match or continuation crosses it
 

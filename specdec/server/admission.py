@@ -8,10 +8,11 @@ from dataclasses import dataclass, replace
 
 from fastapi import Request
 
-from ..config import PLAIN, SpeculativeConfig, get_method
+from ..config import PLAIN, SpeculativeConfig
 from ..errors import SpecDecError
 from ..policy.pools import rollout_arm
 from ..proposers.prediction import METHOD as PREDICTION
+from ..proposers.registry import get_method
 from ..sampling.grammar import check_grammar
 from .api_errors import APIError, shown
 from .async_engine import QueueFull

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..config import K_MAX, K_MIN, METHOD_TABLE, method_names
+from ..config import K_MAX, K_MIN
+from ..proposers.registry import METHOD_TABLE, method_names
 from ..sampling.grammar import StructuredOutputs
 from ..sampling.logprobs import MAX_TOP_LOGPROBS
 from ..sampling_params import SamplingParams
@@ -55,7 +56,7 @@ def _method_enum(schema: dict) -> None:
 
 class SpeculativeOverride(BaseModel):
     """Per-request extension: `"speculative": {"method": "none"}` or `{"num_speculative_tokens": 2}`; any declared
-    method (config.METHOD_TABLE, plugins included) may be named, and the server answers 400 for one it does not
+    method (the method table, plugins included) may be named, and the server answers 400 for one it does not
     run (/v1/speculative/status lists those it does)."""
     model_config = ConfigDict(extra="forbid")
     method: str | None = Field(default=None, json_schema_extra=_method_enum)

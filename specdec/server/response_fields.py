@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any
 
-from ..config import get_method
+from ..proposers.registry import get_method
 from ..sampling_params import SamplingParams
 
 

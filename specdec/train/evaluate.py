@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     from ..config import PLAIN, SpeculativeConfig
     from ..llm import LLM
     from ..models.heads import load_head, shipped_head
+    from ..proposers.registry import get_method
     from ..sampling_params import SamplingParams
 
     ap = argparse.ArgumentParser(prog="python -m specdec.train.evaluate", description=__doc__.split("\n\n")[0])
@@ -231,8 +232,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{prog}: no prompts in {args.data or args.prompts} of categories {args.categories}")
     model = llm.target.model
     try:
-        loaded = [(m, d, load_head(d or shipped_head(m, llm.target.name), model, torch.float32).module)
-                  for m, d in heads]
+        loaded = [(m, d, load_head(d or shipped_head(m, llm.target.name, get_method(m).trainable), model,
+                                   torch.float32).module) for m, d in heads]
     except SpecDecError as e:
         raise SystemExit(f"{prog}: {e}") from None
     layers = tuple(sorted({i for m, _, h in loaded for i in head_layers(m, h, model.config.num_layers)}))
