@@ -107,3 +107,52 @@ def test_kv_grows_with_the_request_not_the_window(tmp_path_factory):
     assert engine.kv.allocated <= 64            # positions allocated, vs 8000+ preallocated before
     engine.abort("long")
     assert engine.kv.allocated == engine.kv.prefix.capacity
+
+
+def test_an_idle_engine_gathers_the_admissions_in_flight_into_its_first_step(llm, monkeypatch):
+    """Requests admitted together (a burst: their prompts still tokenizing when the first is submitted) prefill in
+    the idle engine's first step together; an admission given back (a request refused after tokenizing) lets the
+    engine start without it."""
+    from specdec.sampling_params import SamplingParams
+    from specdec.server.async_engine import AsyncEngine
+    from specdec.server.metrics import ServerMetrics
+
+    first_steps = []
+    real_step = LLMEngine.step
+
+    def step(self):
+        first_steps.append(self.num_waiting + self.num_running)      # requests in the engine at this step
+        return real_step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", step)
+    engine = AsyncEngine(llm, SpeculativeConfig(method="none"), 4, ServerMetrics("tiny"), gather_s=600.0)
+    engine.start()
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    prompt = llm.tokenizer.encode("def add(a, b):")
+
+    async def finish(handle):
+        return [d async for d in handle.deltas()][-1].finished
+
+    async def burst():
+        assert engine.try_admit() and engine.try_admit()
+        a = await engine.submit("a", prompt, params, engine.default_spec)
+        await asyncio.sleep(0.2)                # the other prompt still tokenizing: the engine waits for it
+        assert first_steps == []
+        b = await engine.submit("b", prompt, params, engine.default_spec)
+        return await asyncio.wait_for(asyncio.gather(finish(a), finish(b)), 60)
+
+    async def one_given_back():
+        assert engine.try_admit() and engine.try_admit()
+        a = await engine.submit("c", prompt, params, engine.default_spec)
+        await asyncio.sleep(0.2)                # the engine gathering
+        engine.release_admission()              # the other refused after tokenizing: nothing more to wait for
+        return await asyncio.wait_for(finish(a), 60)
+
+    try:
+        assert asyncio.run(burst()) == [True, True]
+        assert first_steps[0] == 2                                    # both prompts in the first step
+        first_steps.clear()
+        assert asyncio.run(one_given_back()) is True                  # not held for gather_s (600 s)
+        assert first_steps[0] == 1
+    finally:
+        engine.shutdown(timeout=5)

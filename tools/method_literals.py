@@ -3,8 +3,8 @@
     python tools/method_literals.py [--max N]        (default: at most 10)
 
 A method is declared once, beside its proposer (specdec/proposers/), and every other module asks the table
-(proposers/registry.METHOD_TABLE) by kind, need or name. This lists every place a declared method's name is still spelled
-out as a string elsewhere, with the reason it is allowed (ALLOWED, below); it exits 1 when one has no reason or
+(proposers/registry.METHOD_TABLE) by kind, need or name. This lists every place a declared method's name is still
+spelled out as a string elsewhere, with the reason it is allowed (ALLOWED, below); it exits 1 when one has no reason or
 when there are more than --max. "none" and "auto" are common words (a quantization scheme, a tool_choice, an
 ops implementation), so they count only where a method is meant: compared with or passed as a `method`/`spec`.
 Dict keys and subscripts (field names of a record) and docstrings are not counted.

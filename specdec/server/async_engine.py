@@ -27,6 +27,9 @@ from .metrics import ServerMetrics
 
 log = logging.getLogger("specdec.server")
 SETTLE_AFTER_IDLE_S = 0.3   # the engine settles the prefix cache only after this long without requests
+# an idle engine's first step waits at most this long for requests already admitted and still tokenizing, so a
+# burst that arrives together prefills together (docs/benchmarks/serve-vs-llamacpp/intel-amx/c4-gather)
+GATHER_S = 0.05
 STATE_SAVE_EVERY = 16       # finished requests between writes of the methods' state files (--suffix-cache)
 
 
@@ -86,8 +89,9 @@ class RequestAborted(Exception):
 
 class AsyncEngine:
     def __init__(self, llm, default_spec: SpeculativeConfig, max_queued: int, metrics: ServerMetrics,
-                 log_interval_s: float = 10.0, compute: ComputeThread | None = None):
+                 log_interval_s: float = 10.0, compute: ComputeThread | None = None, gather_s: float = GATHER_S):
         self.llm = llm
+        self.gather_s = gather_s
         self.compute = compute or ComputeThread()      # the thread that loaded `llm`, when the caller has one
         self.engine = llm.engine
         self.default_spec = default_spec
@@ -173,8 +177,9 @@ class AsyncEngine:
             return True
 
     def release_admission(self) -> None:
-        with self._lock:
+        with self._wake:
             self._reserved -= 1
+            self._wake.notify()             # an idle engine may be gathering the admissions in flight
 
     def admit_more(self, count: int) -> None:
         """Places for an admitted request's other choices (n > 1): the request was admitted as a whole."""
@@ -240,6 +245,8 @@ class AsyncEngine:
                     self._wake.wait(timeout=1.0)
                     if time.monotonic() - last_log >= self.log_interval_s:
                         break
+                if self._incoming and not self._handles:
+                    self._gather()
                 incoming, self._incoming = self._incoming, []
             for handle in incoming:
                 self._add(handle)
@@ -274,6 +281,18 @@ class AsyncEngine:
                 if line:
                     log.info(line)
                 last_log = time.monotonic()
+
+    def _gather(self) -> None:
+        """Called holding the lock, the engine idle and a request submitted: wait (at most gather_s) while other
+        admitted requests are still being tokenized. Started at once, the first step would prefill the first
+        request alone and the others after it (at concurrency 4, three of four first tokens a step later);
+        a request that arrives alone finds no other admission and waits for nothing."""
+        deadline = time.monotonic() + self.gather_s
+        while self._reserved > 0 and not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.wait(timeout=left)
 
     def _add(self, handle: RequestHandle) -> None:
         if handle.aborted.is_set():          # disconnected while queued: never started
