@@ -24,6 +24,19 @@ def parse_json_object(text: str, flag: str) -> dict:
     return obj
 
 
+def read_jsonl(path: Path) -> Iterator[tuple[str, object]]:
+    """Each non-blank line of a JSON Lines file as ("path:line", value); a line that is not JSON is a one-line
+    SpecDecError naming its place."""
+    with Path(path).open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{lineno}", json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SpecDecError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+
+
 # Temporary files and directories are named ".<final name>.<writer's pid>.<random>": a writer killed mid-write
 # (SIGKILL, OOM, power) leaves one behind, and the next write beside the same target removes those whose writer is
 # gone and that have not been touched for STALE_S (a live writer keeps its file's mtime fresh; the age also keeps a

@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 from ..errors import SpecDecError
+from ..utils import read_jsonl
 from .prompts import BUILTIN_PROMPTS
 
 SHAREGPT_DEFAULT_N = 16
@@ -133,16 +134,7 @@ def load_humaneval(n: int) -> list[dict]:
 def load_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         raise SpecDecError(f"prompts file not found: {path}")
-    prompts = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SpecDecError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            prompts.append(_check_request(obj, f"{path}:{lineno}"))
+    prompts = [_check_request(obj, where) for where, obj in read_jsonl(path)]
     if not prompts:
         raise SpecDecError(f"{path}: no prompts in the file")
     return prompts

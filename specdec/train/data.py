@@ -23,11 +23,11 @@ across the sources in the order given.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from pathlib import Path
 
 from ..errors import SpecDecError
+from ..utils import read_jsonl
 
 CODE_SUFFIXES = {".py", ".c", ".h", ".cc", ".cpp", ".hpp", ".js", ".ts", ".go", ".rs", ".java", ".sh", ".rb"}
 _HUMANEVAL = re.compile(r"^humaneval(?:\[(\d*):(\d*)\]|:(\d+))?$")
@@ -187,13 +187,7 @@ def _package(name: str, lo: int, hi: int | None) -> list[list[dict]]:
 
 def _jsonl(path: Path, tokenizer) -> list:
     out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecDecError(f"{path}:{i}: not JSON ({exc.msg})") from None
+    for where, obj in read_jsonl(path):
         if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
             out.append(obj["messages"])
         elif isinstance(obj, dict) and isinstance(obj.get("text"), str):
@@ -201,7 +195,7 @@ def _jsonl(path: Path, tokenizer) -> list:
         elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and isinstance(obj.get("completion"), str):
             out.append(tokenizer.encode(obj["prompt"] + obj["completion"]))
         else:
-            raise SpecDecError(f"{path}:{i}: expected an object with messages, text, or prompt and completion")
+            raise SpecDecError(f"{where}: expected an object with messages, text, or prompt and completion")
     return out
 
 
