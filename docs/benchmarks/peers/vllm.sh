@@ -43,25 +43,22 @@ vllm_up() {   # port, log, extra args: the CPU settings vLLM's docs give for a s
     "$PEER_ENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$HF_DIR" --served-model-name qwen \
     --dtype bfloat16 --max-model-len 8192 --port "$1" "${@:3}" > "$2" 2>&1 & pids+=($!)
 }
-if [ "${PHASE:-1}" = 1 ]; then        # the engines as their users start them
+PHASE=${PHASE:-1}
+if [ "$PHASE" = 1 ] || [ "$PHASE" = 3 ]; then   # the engines as their users start them; vLLM plain and speculating
+  if [ "$PHASE" = 1 ]; then
+    SPEC=vllm-ngram CONFIG='{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}'
+  else                                 # suffix decoding with vLLM's defaults (k up to its tree depth, 24)
+    SPEC=vllm-suffix CONFIG='{"method": "suffix"}'
+  fi
   "$BIN/llama-server" -m "$TARGET" -t 2 --port 8121 -np 1 -c 8192 > "$OUT/llama-plain.log" 2>&1 & pids+=($!)
   specdec_up 8120 "$OUT/specdec.log"
   vllm_up 8141 "$OUT/vllm-plain.log"
-  vllm_up 8142 "$OUT/vllm-ngram.log" --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}'
+  vllm_up 8142 "$OUT/$SPEC.log" --speculative-config "$CONFIG"
   for p in 8121 8120 8141 8142; do wait_up "http://127.0.0.1:$p"; done
   .venv/bin/specdec bench serve --dataset "$DATASET" --max-tokens 128 --temperature 0 --concurrency 1 --rounds "$ROUNDS" \
     --endpoint http://127.0.0.1:8121 --label llama-server --endpoint http://127.0.0.1:8120 --label specdec \
-    --endpoint http://127.0.0.1:8141 --label vllm --endpoint http://127.0.0.1:8142 --label vllm-ngram --out "$OUT"
-elif [ "${PHASE}" = 3 ]; then          # vLLM's suffix decoding, with vLLM's defaults (k up to its tree depth, 24)
-  "$BIN/llama-server" -m "$TARGET" -t 2 --port 8121 -np 1 -c 8192 > "$OUT/llama-plain.log" 2>&1 & pids+=($!)
-  specdec_up 8120 "$OUT/specdec.log"
-  vllm_up 8141 "$OUT/vllm-plain.log"
-  vllm_up 8144 "$OUT/vllm-suffix.log" --speculative-config '{"method": "suffix"}'
-  for p in 8121 8120 8141 8144; do wait_up "http://127.0.0.1:$p"; done
-  .venv/bin/specdec bench serve --dataset "$DATASET" --max-tokens 128 --temperature 0 --concurrency 1 --rounds "$ROUNDS" \
-    --endpoint http://127.0.0.1:8121 --label llama-server --endpoint http://127.0.0.1:8120 --label specdec \
-    --endpoint http://127.0.0.1:8141 --label vllm --endpoint http://127.0.0.1:8144 --label vllm-suffix --out "$OUT"
-elif [ "${PHASE}" = 4 ]; then          # vLLM's int4 weights: the weights' bytes near specdec's Q4_K_M blocks
+    --endpoint http://127.0.0.1:8141 --label vllm --endpoint http://127.0.0.1:8142 --label "$SPEC" --out "$OUT"
+elif [ "$PHASE" = 4 ]; then          # vLLM's int4 weights: the weights' bytes near specdec's Q4_K_M blocks
   GPTQ_DIR=${GPTQ_DIR:-$OUT/qwen-1.5b-gptq}
   [ -f "$GPTQ_DIR/config.json" ] || "$PEER_ENV/bin/python" docs/benchmarks/peers/gptq_dir.py "$HF_DIR" "$GPTQ_DIR"
   specdec_up 8120 "$OUT/specdec.log"
