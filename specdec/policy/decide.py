@@ -37,6 +37,10 @@ class PolicyConfig:
                                                         if m.prior_alpha is not None})
                                       # acceptance before any observation
     explore_requests: int = 1         # requests per (pool, temperature bucket) each method gets before exploiting
+    # the prior counts as this many token slots of evidence: a method's estimate moves from its prior to what the
+    # pool observed as its drafts offer more slots (k per verification), so one short first try on an odd prompt
+    # (a draft abandoned after three steps) neither rules a method out nor turns the pool off
+    prior_tokens: int = 8
 
     def __post_init__(self):
         if not K_MIN <= self.k_max <= K_MAX:

@@ -78,44 +78,56 @@ class Pool:
         return [o for found in (self.window if requests is None else requests) for o in found]
 
     @staticmethod
-    def _alpha(obs: list[Observation]) -> float | None:
-        """Effective α of one method's observations: reproduces their tokens per target forward."""
+    def _alpha(obs: list[Observation], prior: float | None = None, prior_tokens: int = 0) -> float | None:
+        """Effective α of one method's observations: reproduces their tokens per target forward. With a prior,
+        weighed against it by evidence: the observed α counts for the token slots the drafts were offered (k per
+        target forward), the prior for `prior_tokens` of them."""
         forwards = sum(o.forwards for o in obs)
         steps = sum(o.steps for o in obs)
         if not forwards:
             return None
         if not steps:
-            return 0.0                    # it never had anything to propose
-        k = max(1, round(sum(o.k * o.steps for o in obs) / steps))
-        return effective_alpha(sum(o.tokens for o in obs) / forwards, k)
+            observed, k = 0.0, 1          # it never had anything to propose
+        else:
+            k = max(1, round(sum(o.k * o.steps for o in obs) / steps))
+            observed = effective_alpha(sum(o.tokens for o in obs) / forwards, k)
+        if prior is None or prior_tokens <= 0:
+            return observed
+        slots = k * forwards
+        return (slots * observed + prior_tokens * prior) / (slots + prior_tokens)
 
-    def acceptance(self, obs: list[Observation] | None = None) -> float | None:
+    def acceptance(self, obs: list[Observation] | None = None, priors: dict[str, float] | None = None,
+                   prior_tokens: int = 0) -> float | None:
         """The pool's acceptance: the best method's effective α over the observations (the pool is useful
-        while any method is)."""
+        while any method is), each weighed against its prior where `priors` has one."""
         obs = self.observations() if obs is None else obs
-        alphas = [self._alpha([o for o in obs if o.method == m]) for m in dict.fromkeys(o.method for o in obs)]
+        priors = priors or {}
+        alphas = [self._alpha([o for o in obs if o.method == m], priors.get(m), prior_tokens)
+                  for m in dict.fromkeys(o.method for o in obs)]
         alphas = [a for a in alphas if a is not None]
         return max(alphas) if alphas else None
 
-    def alpha(self, method: str, bucket: str) -> float | None:
+    def alpha(self, method: str, bucket: str, prior: float | None = None, prior_tokens: int = 0) -> float | None:
         obs = [o for o in self.observations() if o.method == method and o.bucket == bucket]
-        return self._alpha(obs) if obs else None
+        return self._alpha(obs, prior, prior_tokens) if obs else None
 
     def count(self, method: str, bucket: str | None = None) -> int:
         return sum(1 for o in self.observations() if o.method == method and (bucket is None or o.bucket == bucket))
 
-    def estimate(self, method: str, bucket: str) -> float | None:
-        """This bucket's α, else one borrowed from the nearest bucket; None before any observation."""
-        a = self.alpha(method, bucket)
-        return a if a is not None else self.borrowed_alpha(method, bucket)
+    def estimate(self, method: str, bucket: str, prior: float | None = None, prior_tokens: int = 0) -> float | None:
+        """This bucket's α (weighed against `prior`), else one borrowed from the nearest bucket; None before any
+        observation."""
+        a = self.alpha(method, bucket, prior, prior_tokens)
+        return a if a is not None else self.borrowed_alpha(method, bucket, prior, prior_tokens)
 
-    def borrowed_alpha(self, method: str, bucket: str) -> float | None:
-        """No observation in this temperature bucket: the nearest other bucket's α, lowered when this bucket is
-        hotter (sampled draws agree less often)."""
+    def borrowed_alpha(self, method: str, bucket: str, prior: float | None = None,
+                       prior_tokens: int = 0) -> float | None:
+        """No observation in this temperature bucket: the nearest other bucket's α (weighed against the prior as
+        there), lowered when this bucket is hotter (sampled draws agree less often)."""
         order = ["greedy", "low", "high"]
         here = order.index(bucket)
         for other in sorted((b for b in order if b != bucket), key=lambda b: abs(order.index(b) - here)):
-            a = self.alpha(method, other)
+            a = self.alpha(method, other, prior, prior_tokens)
             if a is not None:
                 return a * (0.85 ** max(0, here - order.index(other)))
         return None
@@ -178,7 +190,8 @@ class SpeculationPolicy:
         pool = self.pool(pool_name)
         pool.requests += 1
         bucket = temperature_bucket(features.temperature)
-        alphas = {m: pool.estimate(m, bucket) for m in self.available}
+        alphas = {m: pool.estimate(m, bucket, prior_alpha(m, features.temperature, self.cfg), self.cfg.prior_tokens)
+                  for m in self.available}
         d = choose(features, alphas, self.cost, self.cfg, self.available, self.max_context)
         if d.gated:
             return d
@@ -212,7 +225,7 @@ class SpeculationPolicy:
                 d.probe = True
                 d.reason = f"probe of disabled pool '{pool_name}': {d.reason}"
                 return d
-        acc = pool.acceptance()
+        acc = self._acceptance(pool)
         return Decision(PLAIN, 0, 1.0, f"pool '{pool_name}' disabled: windowed acceptance "
                                         f"{acc if acc is not None else 0:.2f} < {self.cfg.min_acceptance}", acc)
 
@@ -226,7 +239,7 @@ class SpeculationPolicy:
         bucket = temperature_bucket(temperature)
         pool = self.pool(pool_name)
         ngram = lookup_method()
-        lookup_alpha = pool.estimate(ngram, bucket)
+        lookup_alpha = pool.estimate(ngram, bucket, prior_alpha(ngram, temperature, self.cfg), self.cfg.prior_tokens)
         return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost.at(context), self.cfg,
                               lookup_alpha if lookup_alpha is not None else prior_alpha(ngram, temperature, self.cfg),
                               pool.lookup_prior(bucket), use_lookup=ngram in self.available, guesser=guesser,
@@ -270,6 +283,10 @@ class SpeculationPolicy:
                 pool.probes.append(found)
             self._judge(pool)
 
+    def _acceptance(self, pool: Pool, obs: list[Observation] | None = None) -> float | None:
+        """The pool's acceptance with each method weighed against its greedy prior (what decide() weighs)."""
+        return pool.acceptance(obs, self.cfg.prior_alpha, self.cfg.prior_tokens)
+
     def _judge(self, pool: Pool, force: bool = False) -> None:
         cfg = self.cfg
         if pool.enabled:
@@ -277,7 +294,7 @@ class SpeculationPolicy:
                 return
             if any(pool.count(m) < cfg.explore_requests for m in self.available):
                 return        # one method's poor first try says nothing about the other's: judge after both
-            acc = pool.acceptance()
+            acc = self._acceptance(pool)
             if acc is not None and acc < cfg.min_acceptance:
                 pool.enabled = False
                 pool.fallbacks += 1
@@ -289,7 +306,7 @@ class SpeculationPolicy:
                     pool.warned = True
                 self._on_pool_change(pool.name, False)
         elif sum(o.drafted for o in pool.observations(pool.probes)) >= cfg.min_window_tokens:
-            acc = pool.acceptance(pool.observations(pool.probes))
+            acc = self._acceptance(pool, pool.observations(pool.probes))
             if acc is not None and acc >= cfg.min_acceptance + 0.05:
                 pool.enabled = True
                 pool.window.clear()                 # the stale window would veto speculation again
