@@ -6,6 +6,7 @@ import pytest
 
 from specdec import LLM, SamplingParams, SpeculativeConfig
 from specdec.errors import SpecDecError
+from specdec.policy import CostModel
 from specdec.proposers.registry import get_method
 
 
@@ -14,8 +15,12 @@ def llm(tiny_dirs, tmp_path_factory):
     from model_cache import private_cache
 
     with private_cache(tmp_path_factory):
-        return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
-                   progress=False)
+        llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
+                  progress=False)
+    # A fixed cost model: the measured one times sub-millisecond tiny-model steps, and where the draft's step and a
+    # lookup's come out close the controller's choice between them (asserted below) would follow the machine's load.
+    llm.policy(cost=CostModel(draft_step=0.2, verify=[1.0] * 9, lookup=0.02))
+    return llm
 
 
 def test_hybrid_is_declared_and_runs_where_its_draft_model_is_loaded(llm, tiny_dirs, tmp_path_factory):

@@ -149,8 +149,10 @@ class Pool:
         xs = [o.net_speedup for o in self.observations() if o.net_speedup]
         return sum(xs) / len(xs) if xs else None
 
-    def status(self) -> dict:
-        acc, obs = self.acceptance(), self.observations()
+    def status(self, priors: dict[str, float] | None = None, prior_tokens: int = 0) -> dict:
+        """The pool's state; `acceptance` as the monitor judges it (weighed against `priors`), raw_acceptance the
+        window's accepted / drafted."""
+        acc, obs = self.acceptance(None, priors, prior_tokens), self.observations()
         return {"pool": self.name, "enabled": self.enabled, "window_requests": len(self.window),
                 "acceptance": acc, "net_speedup": self.net_speedup(), "requests": self.requests,
                 "fallbacks": self.fallbacks,
@@ -190,8 +192,7 @@ class SpeculationPolicy:
         pool = self.pool(pool_name)
         pool.requests += 1
         bucket = temperature_bucket(features.temperature)
-        alphas = {m: pool.estimate(m, bucket, prior_alpha(m, features.temperature, self.cfg), self.cfg.prior_tokens)
-                  for m in self.available}
+        alphas = {m: self._estimate(pool, m, bucket, features.temperature) for m in self.available}
         d = choose(features, alphas, self.cost, self.cfg, self.available, self.max_context)
         if d.gated:
             return d
@@ -239,7 +240,7 @@ class SpeculationPolicy:
         bucket = temperature_bucket(temperature)
         pool = self.pool(pool_name)
         ngram = lookup_method()
-        lookup_alpha = pool.estimate(ngram, bucket, prior_alpha(ngram, temperature, self.cfg), self.cfg.prior_tokens)
+        lookup_alpha = self._estimate(pool, ngram, bucket, temperature)
         return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost.at(context), self.cfg,
                               lookup_alpha if lookup_alpha is not None else prior_alpha(ngram, temperature, self.cfg),
                               pool.lookup_prior(bucket), use_lookup=ngram in self.available, guesser=guesser,
@@ -283,6 +284,10 @@ class SpeculationPolicy:
                 pool.probes.append(found)
             self._judge(pool)
 
+    def _estimate(self, pool: Pool, method: str, bucket: str, temperature: float) -> float | None:
+        """A method's α in this pool and bucket, weighed against its prior by evidence (PolicyConfig.prior_tokens)."""
+        return pool.estimate(method, bucket, prior_alpha(method, temperature, self.cfg), self.cfg.prior_tokens)
+
     def _acceptance(self, pool: Pool, obs: list[Observation] | None = None) -> float | None:
         """The pool's acceptance with each method weighed against its greedy prior (what decide() weighs)."""
         return pool.acceptance(obs, self.cfg.prior_alpha, self.cfg.prior_tokens)
@@ -318,6 +323,6 @@ class SpeculationPolicy:
 
     def status(self) -> dict:
         with self._lock:
-            pools = [p.status() for p in self.pools.values()]
+            pools = [p.status(self.cfg.prior_alpha, self.cfg.prior_tokens) for p in self.pools.values()]
         return {"cost_model": self.cost.to_dict(),
                 "config": {k: v for k, v in vars(self.cfg).items()}, "pools": pools}
