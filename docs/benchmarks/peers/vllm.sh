@@ -6,7 +6,8 @@
 # PHASE=2: specdec in bf16 beside vLLM with the 0.5B as its draft model. PHASE=3: vLLM's `suffix` method (Arctic
 # Inference's suffix trees, vLLM's defaults) beside vLLM plain, specdec with no flags and llama-server plain.
 # PHASE=4: vLLM on its int4 CPU format (GPTQ layout, made by gptq_dir.py from the bf16 directory; W4A16 kernel),
-# plain and with suffix decoding, beside specdec with no flags.
+# plain and with suffix decoding, beside specdec with no flags; QUANT=int8: its int8 format instead (W8A8
+# compressed-tensors, made by int8_dir.py; oneDNN's int8 matmul).
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin bash docs/benchmarks/peers/vllm.sh [OUT]
 #
@@ -58,16 +59,18 @@ if [ "$PHASE" = 1 ] || [ "$PHASE" = 3 ]; then   # the engines as their users sta
   .venv/bin/specdec bench serve --dataset "$DATASET" --max-tokens 128 --temperature 0 --concurrency 1 --rounds "$ROUNDS" \
     --endpoint http://127.0.0.1:8121 --label llama-server --endpoint http://127.0.0.1:8120 --label specdec \
     --endpoint http://127.0.0.1:8141 --label vllm --endpoint http://127.0.0.1:8142 --label "$SPEC" --out "$OUT"
-elif [ "$PHASE" = 4 ]; then          # vLLM's int4 weights: the weights' bytes near specdec's Q4_K_M blocks
-  GPTQ_DIR=${GPTQ_DIR:-$OUT/qwen-1.5b-gptq}
-  [ -f "$GPTQ_DIR/config.json" ] || "$PEER_ENV/bin/python" docs/benchmarks/peers/gptq_dir.py "$HF_DIR" "$GPTQ_DIR"
+elif [ "$PHASE" = 4 ]; then          # vLLM's quantized weights (QUANT=int4, the default: the bytes near specdec's)
+  QUANT=${QUANT:-int4}
+  if [ "$QUANT" = int4 ]; then MAKER=gptq_dir.py Q_DIR=${GPTQ_DIR:-$OUT/qwen-1.5b-gptq}
+  else MAKER=int8_dir.py Q_DIR=${INT8_DIR:-$OUT/qwen-1.5b-w8a8}; fi
+  [ -f "$Q_DIR/config.json" ] || "$PEER_ENV/bin/python" "docs/benchmarks/peers/$MAKER" "$HF_DIR" "$Q_DIR"
   specdec_up 8120 "$OUT/specdec.log"
-  HF_DIR=$GPTQ_DIR vllm_up 8145 "$OUT/vllm-int4.log"
-  HF_DIR=$GPTQ_DIR vllm_up 8146 "$OUT/vllm-int4-suffix.log" --speculative-config '{"method": "suffix"}'
+  HF_DIR=$Q_DIR vllm_up 8145 "$OUT/vllm-$QUANT.log"
+  HF_DIR=$Q_DIR vllm_up 8146 "$OUT/vllm-$QUANT-suffix.log" --speculative-config '{"method": "suffix"}'
   for p in 8120 8145 8146; do wait_up "http://127.0.0.1:$p"; done
   .venv/bin/specdec bench serve --dataset "$DATASET" --max-tokens 128 --temperature 0 --concurrency 1 --rounds "$ROUNDS" \
-    --endpoint http://127.0.0.1:8120 --label specdec --endpoint http://127.0.0.1:8145 --label vllm-int4 \
-    --endpoint http://127.0.0.1:8146 --label vllm-int4-suffix --out "$OUT"
+    --endpoint http://127.0.0.1:8120 --label specdec --endpoint http://127.0.0.1:8145 --label "vllm-$QUANT" \
+    --endpoint http://127.0.0.1:8146 --label "vllm-$QUANT-suffix" --out "$OUT"
 else                                   # PHASE=2: bf16 on both sides, and vLLM with the 0.5B draft (vLLM plain beside
   DRAFT_DIR=${DRAFT_DIR:-$OUT/qwen-0.5b-hf}   # them did not fit a 23 GB machine: its draft server alone holds 9.4 GB)
   [ -f "$DRAFT_DIR/config.json" ] || $PY docs/benchmarks/peers/hf_dir.py "$DRAFT_DIR" --model draft
