@@ -39,7 +39,9 @@ def quantize(w: torch.Tensor) -> dict[str, torch.Tensor]:
             "scales": scale.to(torch.float16), "g_idx": torch.arange(n_in, dtype=torch.int32) // GROUP}
 
 
-def main(src: Path, out: Path) -> None:
+def write_checkpoint(src: Path, out: Path, quantize, quantization_config: dict) -> None:
+    """OUT: SRC's directory with every decoder linear's weight replaced by what `quantize` makes of it (a dict of
+    tensors named beside the module), config.json given `quantization_config`; the rest copied (also int8_dir.py's)."""
     out.mkdir(parents=True, exist_ok=True)
     tensors = load_file(str(src / "model.safetensors"))
     result = {}
@@ -52,12 +54,16 @@ def main(src: Path, out: Path) -> None:
             result[name] = t
     save_file(result, str(out / "model.safetensors"))
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "gptq", "bits": BITS, "group_size": GROUP, "desc_act": False,
-                                     "sym": True, "checkpoint_format": "gptq"}
+    config["quantization_config"] = quantization_config
     (out / "config.json").write_text(json.dumps(config, indent=2))
     for f in src.iterdir():
         if f.name not in ("model.safetensors", "config.json"):
             shutil.copy(f, out / f.name)
+
+
+def main(src: Path, out: Path) -> None:
+    write_checkpoint(src, out, quantize, {"quant_method": "gptq", "bits": BITS, "group_size": GROUP, "desc_act": False,
+                                          "sym": True, "checkpoint_format": "gptq"})
 
 
 if __name__ == "__main__":

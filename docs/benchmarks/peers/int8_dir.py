@@ -7,15 +7,11 @@ venv (torch, safetensors).
 
     PEER_ENV/bin/python docs/benchmarks/peers/int8_dir.py HF_DIR OUT_DIR
 """
-import json
-import shutil
 import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
-
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from gptq_dir import write_checkpoint  # this folder: run as a script, its directory is on sys.path
 
 
 def quantize(w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -37,23 +33,7 @@ def scheme() -> dict:
 
 
 def main(src: Path, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = load_file(str(src / "model.safetensors"))
-    result = {}
-    for name, t in tensors.items():
-        module, _, leaf = name.rpartition(".")
-        if leaf == "weight" and module.rsplit(".", 1)[-1] in LINEARS:
-            for key, value in quantize(t).items():
-                result[f"{module}.{key}"] = value
-        else:
-            result[name] = t
-    save_file(result, str(out / "model.safetensors"))
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = scheme()
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    for f in src.iterdir():
-        if f.name not in ("model.safetensors", "config.json"):
-            shutil.copy(f, out / f.name)
+    write_checkpoint(src, out, quantize, scheme())
 
 
 if __name__ == "__main__":
