@@ -44,7 +44,8 @@ vllm_up() {   # port, log, extra args: the CPU settings vLLM's docs give for a s
     "$PEER_ENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$HF_DIR" --served-model-name qwen \
     --dtype bfloat16 --max-model-len 8192 --port "$1" "${@:3}" > "$2" 2>&1 & pids+=($!)
 }
-PHASE=${PHASE:-1}
+PHASE=${PHASE:-1} QUANT=${QUANT:-int4}
+case "$PHASE/$QUANT" in [1-4]/int4 | [1-4]/int8) ;; *) echo "vllm.sh: PHASE must be 1-4 and QUANT int4 or int8" >&2; exit 2;; esac
 if [ "$PHASE" = 1 ] || [ "$PHASE" = 3 ]; then   # the engines as their users start them; vLLM plain and speculating
   if [ "$PHASE" = 1 ]; then
     SPEC=vllm-ngram CONFIG='{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}'
@@ -60,7 +61,6 @@ if [ "$PHASE" = 1 ] || [ "$PHASE" = 3 ]; then   # the engines as their users sta
     --endpoint http://127.0.0.1:8121 --label llama-server --endpoint http://127.0.0.1:8120 --label specdec \
     --endpoint http://127.0.0.1:8141 --label vllm --endpoint http://127.0.0.1:8142 --label "$SPEC" --out "$OUT"
 elif [ "$PHASE" = 4 ]; then          # vLLM's quantized weights (QUANT=int4, the default: the bytes near specdec's)
-  QUANT=${QUANT:-int4}
   if [ "$QUANT" = int4 ]; then MAKER=gptq_dir.py Q_DIR=${GPTQ_DIR:-$OUT/qwen-1.5b-gptq}
   else MAKER=int8_dir.py Q_DIR=${INT8_DIR:-$OUT/qwen-1.5b-w8a8}; fi
   [ -f "$Q_DIR/config.json" ] || "$PEER_ENV/bin/python" "docs/benchmarks/peers/$MAKER" "$HF_DIR" "$Q_DIR"
