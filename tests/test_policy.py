@@ -425,6 +425,49 @@ def test_measured_cost_model_has_a_bucket_per_context_the_window_holds(tmp_path)
     assert CostModel.from_dict(cost.to_dict()).draft_read == cost.draft_read
 
 
+def test_rows_are_timed_with_every_rows_logits_and_the_draft_in_the_same_rounds(tmp_path, monkeypatch):
+    """As the engine runs them: a verification forward computes logits for every row (its output head over each is
+    part of what a row costs), a draft step its newest row's; each round times the draft's step right after the
+    target's forwards, at the short context and at every longer one."""
+    from conftest import make_tiny_model
+
+    from specdec.models import runner
+    from specdec.models.loader import load_model
+    from specdec.policy import measure
+
+    dirs = [make_tiny_model(tmp_path / "t", max_position_embeddings=1200),
+            make_tiny_model(tmp_path / "d", seed=1, num_hidden_layers=1, max_position_embeddings=1200)]
+    target, draft = (load_model(str(d), dtype="float32", device="cpu", progress=False).model for d in dirs)
+    calls, real = [], runner.forward_spans
+
+    def spy(model, spans, *a, **kw):
+        if len(spans) == 1 and spans[0].decode:
+            calls.append(("target" if model is target else "draft", len(spans[0].token_ids), spans[0].logits,
+                          spans[0].start))
+        return real(model, spans, *a, **kw)
+    monkeypatch.setattr(runner, "forward_spans", spy)
+    measure.measure_cost_model(target, draft, k_max=2, context=64, repeats=2, contexts=(512,))
+    rounds = [calls[i:i + 4] for i in range(0, 3 * 4 * 2, 4)]       # (warm-up + 2) rounds, at 64 then 512 tokens
+    for r in rounds:
+        assert [(w, n, m) for w, n, m, _ in r] == [("target", 1, "all"), ("target", 2, "all"), ("target", 3, "all"),
+                                                   ("draft", 1, "last")]
+        assert len({start for *_, start in r}) == 1                   # both after the same context
+    assert [r[0][3] for r in rounds] == [64] * 3 + [512] * 3
+
+
+def test_a_ratio_is_taken_within_each_round():
+    """V(n) and c are medians of each round's own ratio; the step's seconds are the fastest round's. A one-row
+    forward that ran fast in one round (the machine between two speeds) does not make every wider row look dear."""
+    from specdec.policy.measure import ratios
+
+    rounds = [{1: 0.030, 5: 0.036, "draft": 0.009}, {1: 0.031, 5: 0.037, "draft": 0.0093},
+              {1: 0.020, 5: 0.034, "draft": 0.0068}]
+    v, c, step = ratios(rounds, [1, 5])
+    assert v[1] == 1.0 and v[5] == pytest.approx(0.036 / 0.030)      # not 0.034 / 0.020 = 1.7
+    assert c == pytest.approx(0.3) and step == 0.020
+    assert ratios([{1: 0.02, 2: 0.021}], [1, 2])[1] == math.inf      # no draft timed
+
+
 def test_a_long_prompts_read_is_priced_at_its_length():
     """A token of a long prompt costs the draft more to read than one of a 512-token prompt (it attends to more before
     it): the price per token is interpolated between the lengths measured and extrapolated along the last segment up

@@ -1,5 +1,6 @@
 """Measure the cost model on this machine: a target forward over n = 1..K+1 tokens, one draft step, one n-gram
-lookup — each the minimum of a few interleaved timed rounds after a warm-up, at a realistic context length.
+lookup, at a realistic context length, in a few interleaved timed rounds after a warm-up: a ratio (V(n), the draft
+step's c) is the median of each round's own ratio, an absolute time the fastest round's.
 """
 from __future__ import annotations
 
@@ -16,27 +17,55 @@ def forward_times(model, ns: list[int], context: int, repeats: int) -> dict[int,
     `repeats` rounds, each round timing every n once (interleaved, so a burst of load from elsewhere on a shared
     machine spoils one sample of many n rather than every sample of one n; the minimum is the quiet machine)."""
     kv, context = _primed_cache(model, context, max(ns))
-    return _time_rows(model, kv, ns, context, repeats)
+    return _fastest(_time_rounds(model, kv, ns, context, repeats), ns)
 
 
-def _time_rows(model, kv, ns: list[int], context: int, repeats: int) -> dict[int, float]:
+def _fastest(rounds: list[dict], keys) -> dict:
+    return {n: min(r[n] for r in rounds) for n in keys}
+
+
+def _time_rounds(model, kv, ns: list[int], context: int, repeats: int, draft=None) -> list[dict]:
+    """`repeats` timed rounds (after one warm-up), each {n: seconds of a forward over n rows after `context` cached
+    ones} for every n in ns, with logits for every row, as a verification computes them (the output head over each
+    row is part of what a row costs); with draft = (model, kv, context), also "draft": one draft step (one row, its
+    newest row's logits, as the draft proposer runs it) right after the target's forwards of the same round."""
     from ..models.runner import Span, forward_spans
 
     device = model.embed_tokens.weight.device
     vocab = model.embed_tokens.weight.shape[0]
-    best = {n: float("inf") for n in ns}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def timed(m, span) -> float:
+        sync()
+        t0 = time.perf_counter()
+        forward_spans(m, [span])
+        sync()
+        return time.perf_counter() - t0
+
+    rounds = []
     for i in range(repeats + 1):
-        for n in ns:
-            step = [(j * 17 + 3) % vocab for j in range(n)]
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            forward_spans(model, [Span(kv, context, step, "last", decode=True)])   # as the engine verifies
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if i:                                     # the first round is a warm-up
-                best[n] = min(best[n], time.perf_counter() - t0)
-    return best
+        r = {n: timed(model, Span(kv, context, [(j * 17 + 3) % vocab for j in range(n)], "all", decode=True))
+             for n in ns}
+        if draft is not None:
+            d_model, d_kv, d_context = draft
+            r["draft"] = timed(d_model, Span(d_kv, d_context, [3 % d_model.embed_tokens.weight.shape[0]], "last",
+                                             decode=True))
+        if i:                                     # the first round is a warm-up
+            rounds.append(r)
+    return rounds
+
+
+def ratios(rounds: list[dict], ns: list[int]) -> tuple[dict[int, float], float, float]:
+    """From interleaved rounds (each with n = 1): V(n), each the median over rounds of t(n) / t(1) of the same
+    round, the draft step over the target's the same way (inf without one), and the quiet machine's t(1) (the
+    fastest). A ratio of samples taken a few milliseconds apart stays right where the machine's speed drifts between
+    rounds (a 2-core cloud machine was seen to step its one-row forward between 23 and 33 ms from minute to minute,
+    while a forward over 5 rows moved far less): a ratio of each one's fastest round mixes two states."""
+    import statistics
+
+    v = {n: statistics.median(r[n] / r[1] for r in rounds) for n in ns}
+    c = statistics.median(r["draft"] / r[1] for r in rounds) if "draft" in rounds[0] else float("inf")
+    return v, c, min(r[1] for r in rounds)
 
 
 def _primed_cache(model, context: int, rows: int):
@@ -126,14 +155,27 @@ READ_LONG = 2048     # the longer prompt the draft's read is timed on, beside on
 def forward_times_by_context(model, ns: list[int], contexts: list[int], repeats: int) -> dict[int, dict[int, float]]:
     """{context: forward_times(...) at that context} for ascending contexts, on one cache that a prefill extends
     from one context to the next (so the longest prompt is read once, not once per context)."""
+    return {c: _fastest(r, ns) for c, r in rounds_by_context(model, ns, contexts, repeats).items()}
+
+
+def rounds_by_context(model, ns: list[int], contexts: list[int], repeats: int, draft=None) -> dict[int, list[dict]]:
+    """{context: _time_rounds(...) at that context} for ascending contexts (cut to where the model's positions end),
+    each model's cache extended from one context to the next; the draft's step is timed at the contexts its own
+    window holds."""
     top = model.config.max_position_embeddings - max(ns) - 2           # where the model's positions end
     contexts = sorted({min(c, top) for c in contexts})
     kv, done = _primed_cache(model, 0, contexts[-1] + max(ns))
+    d_top = draft.config.max_position_embeddings - 3 if draft is not None else 0
+    d_kv, d_done = _primed_cache(draft, 0, min(contexts[-1], d_top) + 1) if draft is not None else (None, 0)
     out = {}
     for c in contexts:
         _extend(model, kv, done, c)
         done = c
-        out[c] = _time_rows(model, kv, ns, c, repeats)
+        paired = None
+        if draft is not None and c <= d_top:
+            _extend(draft, d_kv, d_done, c)
+            d_done, paired = c, (draft, d_kv, c)
+        out[c] = _time_rounds(model, kv, ns, c, repeats, paired)
     return out
 
 
@@ -144,42 +186,47 @@ def measure_cost_model(target, draft=None, lookup=None, k_max: int = 8, context:
     """target/draft: Transformer models; lookup(token_ids) -> proposal, the n-gram proposer's search; heads: the
     engine's learned-head proposers by method.
 
-    V(n) = t(n) / t(1) for n = 1..k_max+1 and at a few row counts up to `max_rows` (a batched step);
-    c = draft step / target step; lookup cost / target step; per head, its first and each further draft token
-    / target step. V(n) for n = 1..k_max+1 and c again after each of `contexts` cached tokens (those past `context`
-    that the model's positions hold).
+    V(n) = t(n) / t(1) for n = 1..k_max+1 and at a few row counts up to `max_rows` (a batched step), every row's
+    logits computed as a verification does; c = draft step / target step, timed in the same rounds; lookup cost
+    / target step; per head, its first and each further draft token / target step. V(n) for n = 1..k_max+1 and c
+    again after each of `contexts` cached tokens (those past `context` that the model's positions hold).
     """
     small = list(range(1, k_max + 2))
-    t = forward_times(target, small, context, repeats)
-    verify = [t[n] / t[1] for n in small]
+    # the draft's step in the same rounds as the target's forwards: c is a ratio of neighbouring samples
+    kv, short = _primed_cache(target, context, max(small))
+    paired = (draft, *_primed_cache(draft, context, 1)) if draft is not None else None
+    v, c, step = ratios(_time_rounds(target, kv, small, short, repeats, paired), small)
+    verify = [v[n] for n in small]
     big = large_row_points(k_max, max_rows)
-    large = [[n, x / t[1]] for n, x in forward_times(target, big, context, max(2, repeats // 2)).items()] if big else []
-    c = forward_times(draft, [1], context, repeats)[1] / t[1] if draft is not None else float("inf")
-    cost = _lookup_time(lookup, context) / t[1] if lookup is not None else 0.0
+    if big:
+        kv, short = _primed_cache(target, context, max(big))
+        v_big = ratios(_time_rounds(target, kv, [1, *big], short, max(2, repeats // 2)), [1, *big])[0]
+        large = [[n, v_big[n]] for n in big]
+    else:
+        large = []
+    cost = _lookup_time(lookup, context) / step if lookup is not None else 0.0
     w = target.embed_tokens.weight
     head_cost = {}
     if heads:
         target_step = one_target_step(target, context)
-        head_cost = {m: [x / t[1] for x in head_times(p, target.config.hidden_size, w.shape[0], w.dtype, w.device,
+        head_cost = {m: [x / step for x in head_times(p, target.config.hidden_size, w.shape[0], w.dtype, w.device,
                                                         context, min(k_max, 4), repeats, target_step)]
                      for m, p in heads.items()}
     window = target.config.max_position_embeddings - k_max - 4
     longer = sorted({min(x, window) for x in contexts if min(x, window) > context})
     by_context = []
     if longer:
-        tl = forward_times_by_context(target, small, longer, max(2, repeats // 2))
-        dl = forward_times_by_context(draft, [1], longer, max(2, repeats // 2)) if draft is not None else {}
-        for n_ctx, times in tl.items():
-            by_context.append({"context": n_ctx, "verify": [times[n] / times[1] for n in small],
-                               "draft_step": dl[n_ctx][1] / times[1] if n_ctx in dl else float("inf"),
-                               "target_step_s": times[1]})
+        for n_ctx, rounds in rounds_by_context(target, small, longer, max(2, repeats // 2), draft).items():
+            v, c_ctx, step_ctx = ratios(rounds, small)
+            by_context.append({"context": n_ctx, "verify": [v[n] for n in small], "draft_step": c_ctx,
+                               "target_step_s": step_ctx})
     # the draft's read of a prompt of one engine chunk and of four (a long prompt's tokens attend to more before them)
     if draft is not None:
         long = max(READ_CHUNK, min(READ_LONG, window, draft.config.max_position_embeddings - 8))
         reads = [[n, prefill_time(draft, n) / n] for n in sorted({READ_CHUNK, long})]
     else:
         reads = []
-    return CostModel(draft_step=c, verify=verify, verify_large=large, lookup=cost, target_step_s=t[1],
+    return CostModel(draft_step=c, verify=verify, verify_large=large, lookup=cost, target_step_s=step,
                      source="measured", heads=head_cost, context=context, by_context=by_context,
                      draft_prefill_s=reads[0][1] if reads else 0.0, draft_read=reads)
 
