@@ -460,8 +460,8 @@ def test_a_ratio_is_taken_within_each_round():
     forward that ran fast in one round (the machine between two speeds) does not make every wider row look dear."""
     from specdec.policy.measure import ratios
 
-    rounds = [{1: 0.030, 5: 0.036, "draft": 0.009}, {1: 0.031, 5: 0.037, "draft": 0.0093},
-              {1: 0.020, 5: 0.034, "draft": 0.0068}]
+    rounds = [{1: 0.030, 5: 0.036, "draft_step": 0.009}, {1: 0.031, 5: 0.037, "draft_step": 0.0093},
+              {1: 0.020, 5: 0.034, "draft_step": 0.0068}]
     v, c, step = ratios(rounds, [1, 5])
     assert v[1] == 1.0 and v[5] == pytest.approx(0.036 / 0.030)      # not 0.034 / 0.020 = 1.7
     assert c == pytest.approx(0.3) and step == 0.020

@@ -27,7 +27,7 @@ def _fastest(rounds: list[dict], keys) -> dict:
 def _time_rounds(model, kv, ns: list[int], context: int, repeats: int, draft=None) -> list[dict]:
     """`repeats` timed rounds (after one warm-up), each {n: seconds of a forward over n rows after `context` cached
     ones} for every n in ns, with logits for every row, as a verification computes them (the output head over each
-    row is part of what a row costs); with draft = (model, kv, context), also "draft": one draft step (one row, its
+    row is part of what a row costs); with draft = (model, kv, context), also "draft_step": one draft step (one row, its
     newest row's logits, as the draft proposer runs it) right after the target's forwards of the same round."""
     from ..models.runner import Span, forward_spans
 
@@ -48,7 +48,7 @@ def _time_rounds(model, kv, ns: list[int], context: int, repeats: int, draft=Non
              for n in ns}
         if draft is not None:
             d_model, d_kv, d_context = draft
-            r["draft"] = timed(d_model, Span(d_kv, d_context, [3 % d_model.embed_tokens.weight.shape[0]], "last",
+            r["draft_step"] = timed(d_model, Span(d_kv, d_context, [3 % d_model.embed_tokens.weight.shape[0]], "last",
                                              decode=True))
         if i:                                     # the first round is a warm-up
             rounds.append(r)
@@ -64,7 +64,7 @@ def ratios(rounds: list[dict], ns: list[int]) -> tuple[dict[int, float], float, 
     import statistics
 
     v = {n: statistics.median(r[n] / r[1] for r in rounds) for n in ns}
-    c = statistics.median(r["draft"] / r[1] for r in rounds) if "draft" in rounds[0] else float("inf")
+    c = statistics.median(r["draft_step"] / r[1] for r in rounds) if "draft_step" in rounds[0] else float("inf")
     return v, c, min(r[1] for r in rounds)
 
 
