@@ -48,8 +48,8 @@ def _time_rounds(model, kv, ns: list[int], context: int, repeats: int, draft=Non
              for n in ns}
         if draft is not None:
             d_model, d_kv, d_context = draft
-            r["draft_step"] = timed(d_model, Span(d_kv, d_context, [3 % d_model.embed_tokens.weight.shape[0]], "last",
-                                             decode=True))
+            token = 3 % d_model.embed_tokens.weight.shape[0]
+            r["draft_step"] = timed(d_model, Span(d_kv, d_context, [token], "last", decode=True))
         if i:                                     # the first round is a warm-up
             rounds.append(r)
     return rounds
@@ -59,7 +59,7 @@ def ratios(rounds: list[dict], ns: list[int]) -> tuple[dict[int, float], float, 
     """From interleaved rounds (each with n = 1): V(n), each the median over rounds of t(n) / t(1) of the same
     round, the draft step over the target's the same way (inf without one), and the quiet machine's t(1) (the
     fastest). A ratio of samples taken a few milliseconds apart stays right where the machine's speed drifts between
-    rounds (a 2-core cloud machine was seen to step its one-row forward between 23 and 33 ms from minute to minute,
+    rounds (a 2-core cloud machine was seen to step its one-row forward between 25 and 35 ms from minute to minute,
     while a forward over 5 rows moved far less): a ratio of each one's fastest round mixes two states."""
     import statistics
 
