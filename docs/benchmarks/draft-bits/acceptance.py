@@ -1,0 +1,167 @@
+"""How much a 3-bit draft would give up: teacher-forced greedy acceptance of the 0.5B draft with its linears at the
+bits `specdec serve` loads today (4: the GGUF's Q4_K blocks as they are, its Q5_0 / Q8_0 / Q6_K ones re-quantized to
+4 bits) against linears re-quantized to 3 bits, simulated: the codes are dequantized into a bf16 copy of the draft,
+so this needs no 3-bit kernel.
+
+The target answers each prompt once (greedy, 96 tokens; cached in OUT); each draft variant then reads prompt +
+answer in one forward, and at every answer position its argmax is compared with the target's token. A greedy chain
+of k drafts from a position accepts the run of matches (at most k), then the target adds one token, so the matches
+give the accepted tokens per step exactly as the engine would count them for greedy decoding.
+
+    python docs/benchmarks/draft-bits/acceptance.py [VARIANT ...]     # variants: 4, 3, 3-search, 3-search-mlp
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.bench.datasets import load_prompts
+from specdec.models.quantization.blocks import INT4_GROUP, INT4_SUPERBLOCK, BlockCodes, dequantize
+from specdec.models.quantization.gguf_blocks import codes_for_int4
+from specdec.models.runner import Span, forward_spans
+from specdec.sampling_params import SamplingParams
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+PROMPTS = "builtin,sharegpt:8,humaneval:8"
+OUT = Path("/tmp/draft-bits-target-answers.json")
+K = 4
+
+
+def target_answers() -> list[dict]:
+    if OUT.exists():
+        return json.loads(OUT.read_text())
+    from specdec import LLM
+
+    llm = LLM(target=TARGET, progress=False)
+    data = []
+    for p in load_prompts(PROMPTS):
+        r = llm.generate(p["messages"], SamplingParams(temperature=0, max_tokens=96), spec="none")[0]
+        data.append({"category": p.get("category", "?"), "prompt": r.prompt_token_ids, "output": r.token_ids})
+    OUT.write_text(json.dumps(data))
+    return data
+
+
+def quantize_bits(w: torch.Tensor, bits: int, search: bool) -> BlockCodes:
+    """quantize_int4's recipe (min-max per group of 32, 6-bit group scales and mins under fp16 superblock ones) with
+    2**bits - 1 levels; search: per group, the range shrunk at either end (x1, 0.9, 0.8, 0.7) with the least
+    squared error."""
+    n, k = w.shape
+    g = w.float().reshape(n, -1, INT4_GROUP)
+    ng, levels = g.shape[1], (1 << bits) - 1
+    ns = -(-ng // INT4_SUPERBLOCK)
+    lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
+    if search:
+        best, blo, bhi = None, lo, hi
+        for a in (1.0, 0.9, 0.8, 0.7):
+            for b in (1.0, 0.9, 0.8, 0.7):
+                l2, h2 = lo * a, hi * b
+                st = ((h2 - l2) / levels).clamp(min=1e-30)
+                q = torch.round((g - l2[..., None]) / st[..., None]).clamp(0, levels)
+                err = ((q * st[..., None] + l2[..., None] - g) ** 2).sum(-1)
+                take = torch.ones_like(err, dtype=torch.bool) if best is None else err < best
+                best = err if best is None else torch.where(take, err, best)
+                blo, bhi = torch.where(take, l2, blo), torch.where(take, h2, bhi)
+        lo, hi = blo, bhi
+    pad = ns * INT4_SUPERBLOCK - ng
+
+    def two_level(v):
+        vs = torch.nn.functional.pad(v, (0, pad)).view(n, ns, INT4_SUPERBLOCK)
+        top = (vs.amax(-1) / 63).half()
+        t = top.float().repeat_interleave(INT4_SUPERBLOCK, 1)[:, :ng]
+        mult = torch.where(t > 0, torch.round(v / t.clamp(min=1e-30)), torch.zeros_like(v)).clamp(0, 63)
+        return top, mult.to(torch.int8)
+
+    d, sc = two_level((hi - lo) / levels)
+    dmin, mn = two_level(-lo)
+    gs = torch.arange(ng) // INT4_SUPERBLOCK
+    step, offs = d.float()[:, gs] * sc.float(), dmin.float()[:, gs] * mn.float()
+    q = torch.where(step[..., None] > 0, torch.round((g + offs[..., None]) / step.clamp(min=1e-30)[..., None]),
+                    torch.zeros_like(g)).clamp(0, levels)
+    return BlockCodes(q.to(torch.uint8).view(n, k), sc, mn, d, dmin, bits, INT4_GROUP, INT4_SUPERBLOCK)
+
+
+def draft_variant(variant: str):
+    """The draft in bf16 with every q/k/v/o/gate/up/down weight replaced by its codes' dequantization."""
+    import gguf
+
+    from specdec.gguf_file import open_gguf
+    from specdec.models.gguf_weights import gguf_config, iter_hf_tensors
+    from specdec.models.loader import load_model, resolve_source
+
+    bits = int(variant[0])
+    model = load_model(DRAFT, quantization="none", pack=False, progress=False).model
+    reader = open_gguf(resolve_source(DRAFT, progress=False)[1])
+    for name, t in iter_hf_tensors(reader, gguf_config(reader)):
+        if not name.endswith("proj.weight"):
+            continue
+        b = bits if ("mlp" in name or not variant.endswith("-mlp")) else 4
+        if b == 4:
+            w = dequantize(codes_for_int4(t, exact=False))            # what the draft runs today
+        else:
+            n, k = (int(v) for v in reversed(t.shape))
+            f = np.asarray(t.data, dtype=np.float32) if t.tensor_type.name in ("F32", "F16") else \
+                gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+            codes = quantize_bits(torch.from_numpy(np.ascontiguousarray(f, dtype=np.float32)).view(n, k), b,
+                                  "search" in variant)
+            w = dequantize(codes)
+        _put(model, name, w)
+    return model
+
+
+def _put(model, name: str, w: torch.Tensor) -> None:
+    """A GGUF projection's rows into the model's fused linear (q/k/v -> qkv_proj, gate/up -> gate_up_proj)."""
+    i, part, which = re.match(r"model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)_proj\.weight", name).groups()
+    layer, c = model.layers[int(i)], model.config
+    if which in ("q", "k", "v"):
+        lin = layer.self_attn.qkv_proj
+        off = {"q": 0, "k": c.num_heads * c.head_dim, "v": (c.num_heads + c.num_kv_heads) * c.head_dim}[which]
+    elif which in ("gate", "up"):
+        lin = layer.mlp.gate_up_proj
+        off = 0 if which == "gate" else lin.weight.shape[0] // 2
+    else:
+        lin, off = getattr(getattr(layer, part), which + "_proj"), 0
+    with torch.no_grad():
+        lin.weight[off: off + w.shape[0]] = w.to(lin.weight.dtype)
+
+
+def acceptance(model, data: list[dict]) -> dict[str, list[int]]:
+    """category -> [matches, answer tokens, accepted drafts, steps] over greedy chains of K."""
+    out: dict[str, list[int]] = {}
+    for d in data:
+        ids = d["prompt"] + d["output"]
+        kv = model.new_kv()
+        kv.resize(-(-(len(ids) + 1) // model.key_block) * model.key_block)
+        pred = forward_spans(model, [Span(kv, 0, ids, "all")])[0].argmax(-1)
+        start = len(d["prompt"]) - 1
+        match = [int(pred[start + i]) == t for i, t in enumerate(d["output"])]
+        p = steps = accepted = 0
+        while p < len(match):
+            a = 0
+            while a < K and p + a < len(match) and match[p + a]:
+                a += 1
+            steps, accepted, p = steps + 1, accepted + a, p + a + 1
+        c = out.setdefault(d["category"], [0, 0, 0, 0])
+        for i, v in enumerate((sum(match), len(match), accepted, steps)):
+            c[i] += v
+    return out
+
+
+def main(variants: list[str]) -> None:
+    torch.set_num_threads(2)
+    data = target_answers()
+    print(f"{len(data)} prompts ({PROMPTS}), {sum(len(d['output']) for d in data)} answer tokens; k = {K}")
+    for v in variants:
+        r = acceptance(draft_variant(v), data)
+        tot = [sum(c[i] for c in r.values()) for i in range(4)]
+        cats = " ".join(f"{c} {x[0] / x[1]:.3f}/{x[2] / x[3]:.2f}" for c, x in sorted(r.items()))
+        print(f"{v:>13}: token match {tot[0] / tot[1]:.3f}, accepted per step {tot[2] / tot[3]:.2f} | {cats}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["4", "3", "3-search", "3-search-mlp"])
