@@ -20,7 +20,7 @@ int64_t g_amx_min_rows = 20;
 int64_t auto_impl(const QWeight& w, int64_t m) {
     // AMX only where a superblock spans 256 k (Q4_K, Q6_K): blocks of one 32-k group (Q8_0, Q5_0, the int8 heads)
     // half-fill a 64-k tile product and pay the float epilogue every 32 k (measured 1.27x slower than VNNI at 256 rows)
-    if (m >= g_amx_min_rows && int64_t(w.group) * w.sb >= 256 && specdec::cpu_has_amx()) return 4;
+    if (m >= g_amx_min_rows && int64_t(w.group) * w.sb >= 256 && w.bits != 3 && specdec::cpu_has_amx()) return 4;
     if (specdec::cpu_has_avx512_vnni()) return 2;
     return specdec::cpu_has_avx2() && specdec::qlinear_avx2_supports(w) ? 3 : 1;
 }
@@ -33,7 +33,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
                       int64_t bits, int64_t group, int64_t sb, int64_t impl) {
     // x: [m, k] (any float dtype); returns [m, n] fp32
     TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), "qlinear: x must be a 2-D CPU tensor");
-    TORCH_CHECK((bits == 4 || bits == 6 || bits == 8) && (group == 16 || group == 32) && sb >= 1, "qlinear: bad format");
+    TORCH_CHECK(((bits == 4 || bits == 6 || bits == 8) && (group == 16 || group == 32) || (bits == 3 && group == 32)) &&
+                sb >= 1, "qlinear: bad format");
     TORCH_CHECK(qw.dtype() == torch::kUInt8 && sc.dtype() == torch::kInt8 && mn.dtype() == torch::kInt8 &&
                 dm.dtype() == torch::kFloat16, "qlinear: packed tensors have the wrong dtypes");
     TORCH_CHECK(qw.is_contiguous() && sc.is_contiguous() && mn.is_contiguous() && dm.is_contiguous(),
@@ -47,6 +48,7 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
     TORCH_CHECK(impl != 2 || specdec::cpu_has_avx512_vnni(), "qlinear: this CPU lacks AVX-512 VNNI");
     TORCH_CHECK(impl != 3 || specdec::cpu_has_avx2(), "qlinear: this CPU lacks AVX2, FMA or F16C");
     TORCH_CHECK(impl != 4 || specdec::cpu_has_amx(), "qlinear: this CPU (or its kernel) does not run AMX-INT8");
+    TORCH_CHECK(impl != 4 || bits != 3, "qlinear: the AMX kernel has no 3-bit codes (the VNNI one has)");
 
     // bf16 and fp32 inputs are read as they are (bf16 -> fp32 is exact); other dtypes convert to fp32
     const torch::Tensor xf = x.scalar_type() == torch::kBFloat16 ? x.contiguous() : x.to(torch::kFloat32).contiguous();

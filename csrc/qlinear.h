@@ -1,8 +1,8 @@
-// Block-quantized linear layers for CPU decoding: weights of 4, 6 or 8 bits in groups along K, with a
+// Block-quantized linear layers for CPU decoding: weights of 3, 4, 6 or 8 bits in groups along K, with a
 // two-level scale (llama.cpp's K-quant layout), times activations quantized per row to int8.
 //
 // A weight is  w[n, k] = d[n, s] * sc[n, g] * q[n, k]  -  dmin[n, s] * mn[n, g]
-//   q  : unsigned code, 0 .. 2^bits - 1 (bits = 4, 6 or 8)
+//   q  : unsigned code, 0 .. 2^bits - 1 (bits = 3, 4, 6 or 8; 3 in groups of 32 only)
 //   g  : group of `group` consecutive k (16 or 32); sc, mn: int8 per group and column
 //   s  : superblock of `sb` consecutive groups; d, dmin: fp16 per superblock and column
 // GGUF's Q4_K, Q6_K, Q8_0 and Q5_0 blocks are all exactly of this form (see quantization/gguf.py).
@@ -18,7 +18,10 @@
 //        chunk j holds, for bits = 8, q[c, 4j + t]; for bits = 4, chunk i holds q[c, 8i + t] in its low
 //        nibble and q[c, 8i + 4 + t] in its high nibble; for bits = 6, the low 4 bits are laid out as for
 //        bits = 4 (group*8 bytes), then chunk h of the top-2-bit plane holds, in bits 2j..2j+1 of byte
-//        c*4 + t, the top bits of q[c, 16h + 4j + t]. So one 64-byte load (+ AND / shift for 4 bits)
+//        c*4 + t, the top bits of q[c, 16h + 4j + t]; for bits = 3 (a draft's lossy re-quantization; group 32), two
+//        chunks of a 2-bit plane, chunk h holding in bits 2j..2j+1 of byte c*4 + t the low 2 bits of
+//        q[c, 16h + 4j + t], then one chunk holding in bit j of byte c*4 + t bit 2 of q[c, 4j + t]. So one 64-byte
+//        load (+ AND / shift for 4 bits)
 //        gives 16 lanes x 4 consecutive k: the operand shape of one VNNI dot-product instruction.
 //   sc, mn : int8 [N/16, NG, 16];   dm : fp16 bits [N/16, NS, 2, 16] (d, then dmin)
 #pragma once

@@ -65,7 +65,7 @@ SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias
                 for (int64_t i = 0; i < tb; i += 64) _mm_prefetch(reinterpret_cast<const char*>(tile + pf + i), _MM_HINT_T0);
             __m512i W[NREG];
             load_codes<BITS, GROUP>(tile, W);
-            // 4-bit codes in groups of 32: the group scale, per column in both int16 halves of its lane, and
+            // 3- and 4-bit codes in groups of 32: the group scale, per column in both int16 halves of its lane, and
             // S += d0 * sc + d1 * sc in one vpdpwssd (each chain covers 16 k: |d| <= 16 * 15 * 127 = 30480 fits
             // int16; the sum is the same exact int32 as (d0 + d1) * sc, which the portable kernel computes)
             const __m512i sc32 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w.sc + (cb * ng + g) * 16)));
@@ -78,7 +78,7 @@ SPECDEC_AVX512 void rows_tile(const QWeight& w, const QAct& x, const float* bias
                     d0 = _mm512_dpbusd_epi32(d0, W[j], bcast4(ar + 4 * j));
                     d1 = _mm512_dpbusd_epi32(d1, W[j + 1], bcast4(ar + 4 * j + 4));
                 }
-                if constexpr (BITS == 4 && GROUP == 32) {
+                if constexpr (BITS <= 4 && GROUP == 32) {
                     const __m512i pair = _mm512_mask_blend_epi16(0xAAAAAAAA, d0, _mm512_slli_epi32(d1, 16));
                     S[r] = _mm512_dpwssd_epi32(S[r], pair, vsc2);
                 } else {                         // 6- and 8-bit codes: the chains' sums exceed int16
@@ -197,6 +197,7 @@ SPECDEC_AVX512 void to_bf16_avx512(const float* src, uint16_t* dst, int64_t coun
 }
 
 void qlinear_avx512(const QWeight& w, const QAct& x, const float* bias, float* out, int64_t cb0, int64_t cb1) {
+    if (w.bits == 3 && w.group == 32) return kernel<3, 32>(w, x, bias, out, cb0, cb1);   // this kernel's alone
     SPECDEC_DISPATCH_FORMAT(w, kernel, qlinear_portable, w, x, bias, out, cb0, cb1);   // others: the portable kernel
 }
 

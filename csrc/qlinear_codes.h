@@ -1,6 +1,7 @@
 // What the AVX-512 kernels (VNNI and AMX) load alike. One group tile of codes as bytes in registers: GROUP/4 registers, each 16
 // columns x 4 consecutive k (the layout in qlinear.h). 4-bit codes: low and high nibbles of each 64-byte chunk; 6-bit:
-// those plus the top 2 bits from their plane, (plane >> 2j) & 3 moved to bits 4-5; 8-bit: the bytes as they lie.
+// those plus the top 2 bits from their plane, (plane >> 2j) & 3 moved to bits 4-5; 8-bit: the bytes as they lie;
+// 3-bit (groups of 32): (plane >> 2j) & 3 of the 2-bit plane's chunks, plus bit j of the 1-bit plane moved to bit 2.
 // Include only from a file compiled for x86-64 with GCC or Clang, after <immintrin.h>.
 #pragma once
 #include <cstdint>
@@ -12,6 +13,16 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline void load_code
     constexpr int NREG = GROUP / 4;
     if constexpr (BITS == 8) {
         for (int j = 0; j < NREG; ++j) W[j] = _mm512_loadu_si512(tile + 64 * j);
+    } else if constexpr (BITS == 3) {
+        static_assert(GROUP == 32, "3-bit codes come in groups of 32");
+        const __m512i two = _mm512_set1_epi8(0x03), one = _mm512_set1_epi8(0x01);
+        for (int h = 0; h < NREG / 4; ++h) {   // a 16-bit shift moves bits across bytes; the mask keeps each byte's own
+            const __m512i b = _mm512_loadu_si512(tile + 64 * h);
+            for (int j = 0; j < 4; ++j) W[4 * h + j] = _mm512_and_si512(_mm512_srli_epi16(b, 2 * j), two);
+        }
+        const __m512i hb = _mm512_loadu_si512(tile + GROUP * 4);
+        for (int j = 0; j < NREG; ++j)
+            W[j] = _mm512_or_si512(W[j], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, j), one), 2));
     } else {
         const __m512i low4 = _mm512_set1_epi8(0x0F);
         for (int i = 0; i < NREG / 2; ++i) {

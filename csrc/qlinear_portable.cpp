@@ -44,6 +44,10 @@ namespace {
 // Code of column c, offset kk within its group's tile (see the layout in qlinear.h).
 inline int32_t code(const uint8_t* tile, int bits, int group, int c, int kk) {
     if (bits == 8) return tile[(kk / 4) * 64 + c * 4 + kk % 4];
+    if (bits == 3) {   // groups of 32: a 2-bit plane (two chunks), then a 1-bit plane (one)
+        const int32_t low = (tile[(kk / 16) * 64 + c * 4 + kk % 4] >> (2 * ((kk % 16) / 4))) & 3;
+        return low | (((tile[group * 4 + c * 4 + kk % 4] >> (kk / 4)) & 1) << 2);
+    }
     const uint8_t b = tile[(kk / 8) * 64 + c * 4 + kk % 4];
     const int32_t low = (kk % 8) < 4 ? (b & 0x0F) : (b >> 4);
     if (bits == 4) return low;

@@ -86,6 +86,7 @@ def cmd_bench_offline(args) -> int:
         target=args.target, draft=args.draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
         draft_quantization=args.draft_quantization, draft_vocab_size=args.draft_vocab_size,
+        draft_mlp_bits=args.draft_mlp_bits,
         quantization=args.quantization, head_quantization=args.head_quantization, progress=not args.no_progress,
         heads={m: getattr(args, f"{m}_head") for m in head_methods() if getattr(args, f"{m}_head")},
         eagle_topk=args.eagle_topk, num_steps=args.num_steps,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import AUTO, PLAIN, QUANTIZATIONS
+from .config import AUTO, DRAFT_MLP_BITS, PLAIN, QUANTIZATIONS
 from .engine.scheduler import ITL_TARGET_S
 from .proposers.registry import METHOD_TABLE, head_methods, method_names
 
@@ -55,6 +55,9 @@ def add_proposer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab-size", type=int, default=None,
                    help="the draft model's output head keeps the N tokens its target emits most (a ranking ships "
                         "for the default target; FR-Spec). Default: 32768 where a ranking ships; 0: the whole head")
+    p.add_argument("--draft-mlp-bits", type=int, default=None, choices=list(DRAFT_MLP_BITS),
+                   help="the int4 draft model's MLP linears at 3 or 4 bits (re-quantized: fewer bytes a draft step, "
+                        "some acceptance; docs/benchmarks/draft-bits). Default: 4")
 
 
 class Parser(argparse.ArgumentParser):

@@ -10,6 +10,7 @@ from .proposers.registry import get_method, tree_methods
 __all__ = ["AUTO", "K_MAX", "K_MIN", "PLAIN", "QUANTIZATIONS", "SpeculativeConfig"]
 
 QUANTIZATIONS = ("none", "int8", "int4")   # --quantization (target) and the draft's `quantization`
+DRAFT_MLP_BITS = (3, 4)                    # the draft's `draft_mlp_bits` (its int4 MLP linears)
 
 
 @dataclass
@@ -34,6 +35,9 @@ class SpeculativeConfig:
     # the draft model's output head cut to the N tokens its target emits most (proposers/draft_vocab.py; read at
     # load): None = the default where a ranking ships for the target, 0 = the whole head
     draft_vocab_size: int | None = None
+    # the draft model's MLP linears (gate/up, down: ~80% of its bytes a step) at 3 bits instead of 4 where its
+    # weights are int4: re-quantized with a searched range per group (docs/benchmarks/draft-bits); None = the default
+    draft_mlp_bits: int | None = None
 
     def __post_init__(self):
         method = get_method(self.method)
@@ -53,6 +57,10 @@ class SpeculativeConfig:
                                                   or self.draft_vocab_size < 0):
             raise ValueError(f"draft_vocab_size must be a whole number >= 0 (0: the whole head), "
                              f"got {self.draft_vocab_size!r}")
+        if self.draft_mlp_bits is not None and (isinstance(self.draft_mlp_bits, bool)
+                                                or self.draft_mlp_bits not in DRAFT_MLP_BITS):
+            raise ValueError(f"draft_mlp_bits must be one of {', '.join(map(str, DRAFT_MLP_BITS))}, "
+                             f"got {self.draft_mlp_bits!r}")
         if not 1 <= self.eagle_topk <= 16:
             raise ValueError(f"eagle_topk must be in 1..16, got {self.eagle_topk}")
         if self.eagle_topk > 1 and not method.tree:

@@ -21,7 +21,7 @@ from .utils import parse_json_object
 DTYPES = ("bfloat16", "float32", "float16")
 # vLLM's `--speculative-config` JSON keys
 SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "quantization",
-             "eagle_topk", "num_steps", "draft_vocab_size")
+             "eagle_topk", "num_steps", "draft_vocab_size", "draft_mlp_bits")
 
 
 @dataclass
@@ -96,7 +96,8 @@ class EngineArgs:
                                          prompt_lookup_max=args.prompt_lookup_max,
                                          prompt_lookup_min=args.prompt_lookup_min,
                                          quantization=args.draft_quantization, eagle_topk=args.eagle_topk,
-                                         num_steps=args.num_steps, draft_vocab_size=args.draft_vocab_size)
+                                         num_steps=args.num_steps, draft_vocab_size=args.draft_vocab_size,
+                                         draft_mlp_bits=args.draft_mlp_bits)
             except ValueError as exc:
                 raise SpecDecError(str(exc)) from None
             draft, heads, policy, scheduler = args.draft, None, None, SchedulerConfig()

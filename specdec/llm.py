@@ -170,6 +170,7 @@ class LLM:
                                  torch.get_num_threads(), k_max, max_rows, torch.__version__,
                                  self.speculative.prompt_lookup_max, self.speculative.prompt_lookup_min,
                                  self.quantization, self.draft_quantization, self.models.draft_vocab_size,
+                                 self.models.draft_mlp_bits,
                                  COST_MODEL_REVISION,
                                  sorted((m, str(h.source), h.quantization) for m, h in self.heads.items()))))
         path = cache_dir() / "cost_models" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")

@@ -20,6 +20,9 @@ from .proposers.cross_vocab import vocab_map_of
 from .proposers.draft_vocab import draft_output_ids
 from .proposers.registry import get_method, head_methods
 
+# the int4 draft's MLP linears' bits unless the speculative config says (docs/benchmarks/draft-bits)
+DEFAULT_DRAFT_MLP_BITS = 4
+
 log = logging.getLogger("specdec")
 
 
@@ -31,6 +34,7 @@ class LoadedModels:
     draft_quantization: str | None = None          # the draft's weights as loaded: none | int8 | int4
     draft_cross_vocab: bool = False                # the draft has another vocabulary (method cross_vocab drafts)
     draft_vocab_size: int | None = None            # rows of the draft's output head where it was cut (None: whole)
+    draft_mlp_bits: int | None = None              # the int4 draft's MLP linears' bits (None: not int4)
     heads: dict[str, LoadedHead] = field(default_factory=dict)   # {method: head}
 
 
@@ -115,8 +119,11 @@ def load_models(args: EngineArgs) -> LoadedModels:
         # target; another draft only when asked (draft_vocab_size), and then it must share the target's vocabulary
         cut = spec.draft_vocab_size if spec.draft_vocab_size is not None or draft == DEFAULT_DRAFT else 0
         output_ids = draft_output_ids(target.name, cut, target.tokenizer.vocab_size) if cut != 0 else None
+        out.draft_mlp_bits = (spec.draft_mlp_bits or DEFAULT_DRAFT_MLP_BITS) if out.draft_quantization == "int4" \
+            else None
         out.draft = load_model(draft, dtype=args.dtype, device=args.device, progress=args.progress,
-                               quantization=out.draft_quantization, int4_exact=False, output_ids=output_ids)
+                               quantization=out.draft_quantization, int4_exact=False, output_ids=output_ids,
+                               mlp_bits=out.draft_mlp_bits or 4)
         out.draft_vocab_size = None if output_ids is None else len(output_ids)
         try:
             check_compatible(target.tokenizer, out.draft.tokenizer, target.config.vocab_size,

@@ -13,20 +13,22 @@ import torch
 
 from specdec.errors import SpecDecError
 from specdec.models.quantization import kernels, linear_names, quantize_model
-from specdec.models.quantization.blocks import dequantize, pack, quantize_int4, widen
+from specdec.models.quantization.blocks import dequantize, pack, quantize_blocks, quantize_int4, widen
 from specdec.models.runner import forward_once
 
 ext = pytest.importorskip("specdec._C", reason="specdec._C not built (needs a C++ compiler at install)")
 from specdec.models.quantization.linear import BlockQuantLinear  # noqa: E402
 
-# (bits, group, span): the formats GGUF blocks map onto (Q4_K, Q6_K, Q8_0 / Q5_0) and more
-FORMATS = [(4, 32, 256), (6, 16, 256), (8, 32, 32), (4, 16, 32), (8, 16, 256), (6, 32, 32)]
+# (bits, group, span): the formats GGUF blocks map onto (Q4_K, Q6_K, Q8_0 / Q5_0) and more; 3 bits: a draft's
+# layers re-quantized (the VNNI and portable kernels only: elsewhere the portable one runs them)
+FORMATS = [(4, 32, 256), (6, 16, 256), (8, 32, 32), (4, 16, 32), (8, 16, 256), (6, 32, 32), (3, 32, 256)]
+WIDE = [f for f in FORMATS if f[0] != 3]
 
 
 def _linear(n=80, k=896, fmt=(4, 32, 256), bias=True, seed=0):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g) * 0.05
-    codes = widen(quantize_int4(w), *fmt)
+    codes = quantize_blocks(w, 3, search=True) if fmt[0] == 3 else widen(quantize_int4(w), *fmt)
     b = torch.randn(n, generator=g) if bias else None
     return BlockQuantLinear(pack(codes), b), dequantize(codes), b
 
@@ -71,6 +73,18 @@ def test_int4_quantizer_is_a_fair_4_bit_code():
     assert ((dequantize(c) - w).norm() / w.norm()) < 0.12     # ~8% for a Gaussian at 4.5 bits
 
 
+def test_three_bit_codes_with_a_searched_range_err_less():
+    """A draft's layers at 3 bits: codes 0..7, and the per-group range search never errs more than min-max."""
+    w = torch.randn(64, 512, generator=torch.Generator().manual_seed(0))
+    plain, searched = quantize_blocks(w, 3), quantize_blocks(w, 3, search=True)
+    assert plain.q.max() <= 7 and searched.q.max() <= 7 and searched.bits == 3
+    err = lambda c: (dequantize(c) - w).norm() / w.norm()
+    assert err(searched) < err(plain) < 0.25                  # ~17% / ~15% for a Gaussian at 3.6 bits
+    assert torch.equal(quantize_blocks(w, 4).q, quantize_int4(w).q)
+    with pytest.raises(AssertionError, match="groups of 32"):
+        widen(plain, 3, 16, 32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fmt", FORMATS[:2])
 def test_rows_are_bit_identical_for_any_row_count(dtype, fmt):
@@ -100,7 +114,7 @@ def test_portable_kernel_equals_avx512(fmt):
 
 
 @pytest.mark.skipif(not ext.has_amx(), reason="this CPU (or its Linux) does not run AMX-INT8 tiles")
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", WIDE)
 def test_amx_kernel_equals_avx512(fmt):
     """The AMX kernel gives the VNNI kernel's bits: every row tail (1..33 rows: one or two 16-row tiles, partial), a
     superblock whose last 64-k chunk is partial (k = 864: 27 groups of 32), bf16 input (whose bf16 rows the AMX
@@ -125,10 +139,11 @@ def test_amx_kernel_equals_avx512(fmt):
         assert torch.equal(_run(lin, signs, "amx"), _run(lin, signs, "avx512")), (q, sc)
 
 
-@pytest.mark.parametrize("fmt", [(4, 32, 256), (8, 32, 32)])
+@pytest.mark.parametrize("fmt", [(4, 32, 256), (8, 32, 32), (3, 32, 256)])
 def test_auto_kernel_takes_amx_from_its_row_count_with_the_same_bits(fmt):
-    """`auto` switches kernels by row count (AMX from amx_min_rows where the CPU has it, for superblocks of 256 k): a
-    row's output does not change across the switch, and the threshold is settable."""
+    """`auto` switches kernels by row count (AMX from amx_min_rows where the CPU has it, for superblocks of 256 k; not
+    for 3-bit codes, which it has no tile kernel for): a row's output does not change across the switch, and the
+    threshold is settable."""
     lin = BlockQuantLinear(pack(_random_codes(*fmt)), torch.randn(80))
     x = torch.randn(64, 896)
     threshold = ext.amx_min_rows()
@@ -144,7 +159,7 @@ def test_auto_kernel_takes_amx_from_its_row_count_with_the_same_bits(fmt):
 
 
 @pytest.mark.skipif(not ext.has_avx2(), reason="this CPU has no AVX2 kernel to compare against")
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", WIDE)
 def test_portable_kernel_equals_avx2(fmt):
     """The AVX2 kernel (4-, 6- and 8-bit codes) gives the portable kernel's bits at every tile size (1..8 rows; 9 run
     as 5 + 4, 19 as 7 + 6 + 6), with a bias,
@@ -225,6 +240,46 @@ def test_draft_int4_is_four_bit_throughout(qtype, monkeypatch):
     else:                                               # rounded, but close: 4 bits of each group's range
         err = (dequantize(four) - ref).abs().max()
         assert 0 < err <= (ref.max() - ref.min()) / 15
+
+
+def test_draft_mlp_at_three_bits_keeps_greedy_parity(tiny_dirs):
+    """`draft_mlp_bits: 3`: the int4 draft's gate_up and down linears at 3 bits (a cache entry of their own), its
+    attention at 4; the draft drafts with them and the output stays plain decoding's."""
+    from specdec import LLM, SamplingParams
+    from specdec.config import SpeculativeConfig
+    from specdec.models.loader import load_model
+
+    m = load_model(str(tiny_dirs["draft"]), dtype="bfloat16", device="cpu", progress=False, quantization="int4",
+                   int4_exact=False, mlp_bits=3).model
+    bits = {name.rsplit(".", 1)[-1]: mod.packed.bits for name, mod in m.named_modules()
+            if isinstance(mod, BlockQuantLinear)}
+    assert bits == {"qkv_proj": 4, "o_proj": 4, "gate_up_proj": 3, "down_proj": 3, "lm_head": 4}
+    llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="bfloat16", device="cpu",
+              progress=False, speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3,
+                                                            quantization="int4", draft_mlp_bits=3))
+    assert llm.models.draft_mlp_bits == 3
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    spec = llm.generate([5, 17, 42, 7, 99], params)[0]
+    assert spec.token_ids == llm.generate([5, 17, 42, 7, 99], params, spec="none")[0].token_ids
+    assert spec.stats.draft_tokens > 0
+    with pytest.raises(ValueError, match="draft_mlp_bits"):
+        SpeculativeConfig(method="draft", draft_mlp_bits=2)
+
+
+def test_a_gguf_draft_mlp_tensor_at_three_bits():
+    """A GGUF tensor re-quantized to 3 bits for a draft's MLP: codes 0..7 from gguf's dequantization, within a 3-bit
+    step of each group's range."""
+    gguf = pytest.importorskip("gguf")
+    from specdec.models.quantization.gguf_blocks import codes_for_bits
+
+    n, k = 32, 512
+    raw = _random_blocks("Q8_0", n, k)
+    tensor = SimpleNamespace(name="test.Q8_0", tensor_type=gguf.GGMLQuantizationType["Q8_0"], shape=np.array([k, n]),
+                             data=raw)
+    three = codes_for_bits(tensor, 3)
+    ref = torch.from_numpy(gguf.quants.dequantize(raw, tensor.tensor_type).reshape(n, k).astype(np.float32))
+    assert three.bits == 3 and int(three.q.max()) <= 7
+    assert 0 < (dequantize(three) - ref).abs().max() <= (ref.max() - ref.min()) / 7
 
 
 def test_llm_loads_its_draft_four_bit(monkeypatch):

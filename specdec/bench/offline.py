@@ -67,6 +67,7 @@ class OfflineBenchConfig:
     prompt_lookup_min: int = 1
     draft_quantization: str | None = None
     draft_vocab_size: int | None = None     # the draft's output head rows (None: the default; 0: the whole head)
+    draft_mlp_bits: int | None = None       # the int4 draft's MLP linears: 3 or 4 bits (None: the default)
     head_quantization: str | None = None     # learned heads' linears (None: models.heads.default_head_quantization)
     quantization: str | None = None         # the target's weights (--quantization)
     progress: bool = True
@@ -186,6 +187,7 @@ def run_offline(cfg: OfflineBenchConfig) -> dict:
                                                         draft_model_method()) if need_draft else PLAIN,
                                             quantization=cfg.draft_quantization,
                                             draft_vocab_size=cfg.draft_vocab_size,
+                                            draft_mlp_bits=cfg.draft_mlp_bits,
                                             prompt_lookup_max=cfg.prompt_lookup_max,
                                             prompt_lookup_min=cfg.prompt_lookup_min))
     if AUTO in cfg.methods:

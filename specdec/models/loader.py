@@ -180,13 +180,14 @@ def _fuse(hf: dict, cfg: ModelConfig, dtype: torch.dtype, norm_offset: float = 0
     return out
 
 
-def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = False, int4_exact: bool = True):
+def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = False, int4_exact: bool = True,
+                  mlp_bits: int = 4):
     from tqdm import tqdm
 
     from ..gguf_file import open_gguf
     from .gguf_weights import dequantize_hf, gguf_config, iter_hf_tensors, llama_row_order
     from .quantization.blocks import take_rows
-    from .quantization.gguf_blocks import codes_for_int4
+    from .quantization.gguf_blocks import codes_for_bits, codes_for_int4
 
     reader = open_gguf(path)
     cfg = gguf_config(reader)
@@ -197,7 +198,8 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = F
         if int4 and (name.endswith("proj.weight") or name == "lm_head.weight"):
             # the GGUF's blocks, kept without loss where the type allows (int4_exact), else 4-bit everywhere; a
             # llama-arch file's Q/K rows back in HF's order (whole rows move, so the blocks stay as they are)
-            codes = codes_for_int4(tensor, exact=int4_exact)
+            codes = codes_for_int4(tensor, exact=int4_exact) if mlp_bits == 4 or not _is_mlp(name) else \
+                codes_for_bits(tensor, mlp_bits)
             order = llama_row_order(name, codes.shape[0], cfg)
             return name, codes if order is None else take_rows(codes, order)
         # dequantize to fp32, then straight to the runtime dtype to halve peak memory in bf16
@@ -218,6 +220,10 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = F
     if cfg.tie_word_embeddings and not int4:
         hf.pop("lm_head.weight", None)
     return cfg, _fuse(hf, cfg, dtype), Tokenizer.from_gguf(reader)
+
+
+def _is_mlp(name: str) -> bool:
+    return name.endswith(("gate_proj.weight", "up_proj.weight", "down_proj.weight", "gate_up_proj.weight"))
 
 
 def _convert_hf_dir(path: Path, dtype: torch.dtype):
@@ -242,20 +248,22 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _convert(source: Path, entry: Path, dtype: torch.dtype, scheme: str, int4_exact: bool, progress: bool) -> None:
+def _convert(source: Path, entry: Path, dtype: torch.dtype, scheme: str, int4_exact: bool, progress: bool,
+             mlp_bits: int = 4) -> None:
     """Convert the source into a new cache entry (written whole, or not at all), with the source's checksum."""
     from safetensors.torch import save_file
 
     digest = source_digest(source)
     if source.is_file():
-        cfg, state, tok = _convert_gguf(source, dtype, progress, int4=scheme == "int4", int4_exact=int4_exact)
+        cfg, state, tok = _convert_gguf(source, dtype, progress, int4=scheme == "int4", int4_exact=int4_exact,
+                                        mlp_bits=mlp_bits)
     else:
         cfg, state, tok = _convert_hf_dir(source, dtype)
     meta = None
     if scheme == "int4":
         from .quantization.convert import to_int4_state
 
-        state, meta = to_int4_state(state)
+        state, meta = to_int4_state(state, low_bits={n: mlp_bits for n in state if _is_mlp(n) and mlp_bits != 4})
     with atomic_dir(entry) as tmp:
         save_file(state, str(tmp / "model.safetensors"), metadata=meta)
         (tmp / "config.json").write_text(cfg.to_json())
@@ -312,7 +320,7 @@ def keep_output_rows(model: Transformer, packed: dict | None, output_ids: torch.
 def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | torch.device | None = None,
                progress: bool = True, pack: bool = True, quantization: str | None = None,
                quantize: str | None = None, int4_exact: bool = True,
-               output_ids: torch.Tensor | None = None) -> LoadedModel:
+               output_ids: torch.Tensor | None = None, mlp_bits: int = 4) -> LoadedModel:
     """Load a model argument for inference; converts and caches on first use.
 
     quantization (vLLM's name; `quantize` is the older alias): "none" (default: oneDNN-packed linears
@@ -320,7 +328,9 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
     token) or "int4" (group-32 blocks on specdec's own CPU kernel; from a GGUF, its Q4_K / Q6_K / Q8_0 /
     Q5_0 blocks are kept without loss). int4 has its own conversion-cache entry (`<dtype>-int4-v<N>`).
     int4_exact=False (drafts) re-quantizes the 6- and 8-bit blocks to 4 bits too (lossy, ~30% fewer bytes to read;
-    cache entry `<dtype>-int4-v<N>-4bit`): a draft's tokens are verified, so only its speed matters.
+    cache entry `<dtype>-int4-v<N>-4bit`): a draft's tokens are verified, so only its speed matters. mlp_bits=3
+    re-quantizes the MLP linears (gate/up, down) to 3 bits with a searched range per group (entry `...-mlp3`;
+    docs/benchmarks/draft-bits).
     output_ids: keep only these rows of the output head (keep_output_rows; a draft's head cut to the tokens its
     target emits).
     An entry carries its source's checksum (converted again when the source's bytes changed) and a damaged entry is
@@ -343,14 +353,15 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
     if scheme == "int4":   # its own entry, named with the packed layout's version
         from .quantization.blocks import FORMAT_VERSION
 
-        entry = entry.with_name(f"{entry.name}-int4-v{FORMAT_VERSION}" + ("" if int4_exact else "-4bit"))
+        entry = entry.with_name(f"{entry.name}-int4-v{FORMAT_VERSION}" + ("" if int4_exact else "-4bit")
+                                + ("" if mlp_bits == 4 else f"-mlp{mlp_bits}"))
     if (entry / "model.safetensors").is_file() and not made_from(entry, source):
         log.warning("converted weights in %s were made from another %s (its checksum changed under the same name, "
                     "size and time): converting it again", entry, source.name)
         remove_tree(entry)
     converted = False
     if not (entry / "model.safetensors").is_file():
-        _convert(source, entry, dtype, scheme, int4_exact, progress)
+        _convert(source, entry, dtype, scheme, int4_exact, progress, mlp_bits)
         converted = True
     try:
         model, tokenizer, cfg, packed = _read_entry(entry, device, scheme)
@@ -360,7 +371,7 @@ def load_model(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | t
         log.warning("converted weights in %s are damaged (%s: %s): converting %s again", entry,
                     type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "", source.name)
         remove_tree(entry)
-        _convert(source, entry, dtype, scheme, int4_exact, progress)
+        _convert(source, entry, dtype, scheme, int4_exact, progress, mlp_bits)
         converted = True
         model, tokenizer, cfg, packed = _read_entry(entry, device, scheme)
     model.eval().requires_grad_(False)

@@ -3,7 +3,7 @@ forward against the compiled decoder layers in it (csrc/stack.cpp); the rest is 
 output head and the Python around them. With csrc/stack.cpp patched by stack-timers.patch (and the extension rebuilt
 with `python setup.py build_ext --inplace --force`), the layers' time is also printed per kind of call.
 
-    python docs/benchmarks/draft-bits/step_split.py SECONDS CONTEXT
+    python docs/benchmarks/draft-bits/step_split.py SECONDS CONTEXT [MLP_BITS]     # MLP_BITS 3: --draft-mlp-bits 3
 """
 import sys
 import time
@@ -18,8 +18,9 @@ from specdec.proposers.draft_vocab import draft_output_ids
 
 torch.set_num_threads(2)
 seconds, context = float(sys.argv[1]), int(sys.argv[2])
+mlp_bits = int(sys.argv[3]) if len(sys.argv) > 3 else 4
 draft = load_model("qwen2.5-coder-0.5b-instruct", quantization="int4", progress=False, int4_exact=False,
-                   output_ids=draft_output_ids("qwen2.5-coder-1.5b-instruct", 32768, 151665)).model
+                   output_ids=draft_output_ids("qwen2.5-coder-1.5b-instruct", 32768, 151665), mlp_bits=mlp_bits).model
 kv, context = _primed_cache(draft, context, 2)
 in_stack = [0.0]
 run_stack = fused_stack.run_stack
@@ -40,4 +41,4 @@ while time.time() - t0 < seconds:
     forward_spans(draft, [Span(kv, context, [5], "last", decode=True)])
     n += 1
 step, layers = (time.time() - t0) / n * 1e3, in_stack[0] / n * 1e3
-print(f"context {context}: step {step:.2f} ms, layers {layers:.2f}, rest {step - layers:.2f}")
+print(f"MLP at {mlp_bits} bits, context {context}: step {step:.2f} ms, layers {layers:.2f}, rest {step - layers:.2f}")

@@ -1,6 +1,6 @@
 """Block-quantized weights: codes, two-level scales, and the packed layout the CPU kernel reads.
 
-A weight is  w[n, k] = d[n, s] * sc[n, g] * q[n, k] - dmin[n, s] * mn[n, g]  with q an unsigned 4- or
+A weight is  w[n, k] = d[n, s] * sc[n, g] * q[n, k] - dmin[n, s] * mn[n, g]  with q an unsigned 3-, 4-, 6- or
 8-bit code, g a group of `group` consecutive k and s a superblock of `sb` groups (llama.cpp's K-quant
 form; GGUF's Q4_K, Q6_K, Q8_0 and Q5_0 blocks are all exact instances of it, see gguf_blocks.py).
 `BlockCodes` holds that form unpacked (easy to build, check, concatenate); `pack` lays it out for the
@@ -41,7 +41,8 @@ class BlockCodes:
         n, k = self.q.shape
         ng = k // self.group
         ns = -(-ng // self.sb)
-        assert k % self.group == 0 and self.bits in (4, 6, 8) and self.group in (16, 32), (k, self.bits, self.group)
+        assert k % self.group == 0 and self.bits in (3, 4, 6, 8) and self.group in (16, 32), (k, self.bits, self.group)
+        assert self.bits != 3 or self.group == 32, "3-bit codes come in groups of 32"
         assert self.sc.shape == self.mn.shape == (n, ng) and self.d.shape == self.dmin.shape == (n, ns)
         assert int(self.q.max()) < (1 << self.bits) if self.q.numel() else True
         return self
@@ -63,14 +64,27 @@ def quantize_int4(w: torch.Tensor) -> BlockCodes:
     Plain min-max per group (the range always includes 0, so the offset is never negative), then the
     group scales and mins are themselves quantized to 6 bits against a per-superblock fp16 d and dmin.
     """
+    return quantize_blocks(w, 4)
+
+
+SEARCH_SHRINK = (1.0, 0.9, 0.8, 0.7)
+
+
+def quantize_blocks(w: torch.Tensor, bits: int, search: bool = False) -> BlockCodes:
+    """quantize_int4's recipe with 2**bits - 1 levels (3 or 4 bits). search: per group, the range shrunk at either
+    end by each factor of SEARCH_SHRINK with the least squared error (plain rounding inside it) instead of the
+    whole min-max range; what a 3-bit draft's layers need (docs/benchmarks/draft-bits)."""
     n, k = w.shape
     if k % INT4_GROUP:
-        raise ValueError(f"int4 needs in_features divisible by {INT4_GROUP}, got {k}")
+        raise ValueError(f"int{bits} needs in_features divisible by {INT4_GROUP}, got {k}")
+    levels = (1 << bits) - 1
     g = w.float().reshape(n, -1, INT4_GROUP)                      # [N, NG, 32]
     ng = g.shape[1]
     ns = -(-ng // INT4_SUPERBLOCK)
     lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
-    scale_f, offs_f = (hi - lo) / 15, -lo                         # [N, NG]
+    if search:
+        lo, hi = _searched_range(g, lo, hi, levels)
+    scale_f, offs_f = (hi - lo) / levels, -lo                     # [N, NG]
     pad = ns * INT4_SUPERBLOCK - ng
 
     def two_level(v):  # [N, NG] >= 0 -> (fp16 [N, NS], int8 [N, NG] in 0..63)
@@ -86,8 +100,25 @@ def quantize_int4(w: torch.Tensor) -> BlockCodes:
     step = d.float()[:, g_of_s] * sc.float()                      # [N, NG]
     offs = dmin.float()[:, g_of_s] * mn.float()
     q = torch.where(step[..., None] > 0, torch.round((g + offs[..., None]) / step.clamp(min=1e-30)[..., None]),
-                    torch.zeros_like(g)).clamp(0, 15)
-    return BlockCodes(q.to(torch.uint8).view(n, k), sc, mn, d, dmin, 4, INT4_GROUP, INT4_SUPERBLOCK).check()
+                    torch.zeros_like(g)).clamp(0, levels)
+    return BlockCodes(q.to(torch.uint8).view(n, k), sc, mn, d, dmin, bits, INT4_GROUP, INT4_SUPERBLOCK).check()
+
+
+def _searched_range(g: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: int):
+    """Per group (g: [N, NG, 32]), the (lo * a, hi * b) over a, b in SEARCH_SHRINK whose rounding errs least."""
+    best = blo = bhi = None
+    for a in SEARCH_SHRINK:
+        for b in SEARCH_SHRINK:
+            l2, h2 = lo * a, hi * b
+            step = ((h2 - l2) / levels).clamp(min=1e-30)
+            q = torch.round((g - l2[..., None]) / step[..., None]).clamp(0, levels)
+            err = ((q * step[..., None] + l2[..., None] - g) ** 2).sum(-1)
+            if best is None:
+                best, blo, bhi = err, l2, h2
+                continue
+            take = err < best
+            best, blo, bhi = torch.where(take, err, best), torch.where(take, l2, blo), torch.where(take, h2, bhi)
+    return blo, bhi
 
 
 def quantize_int8(w: torch.Tensor) -> BlockCodes:
@@ -138,7 +169,7 @@ def concat(parts: list[BlockCodes]) -> BlockCodes:
 @dataclass
 class PackedBlocks:
     """The kernel's layout (csrc/qlinear.h); what the conversion cache stores for a quantized linear."""
-    qw: torch.Tensor       # uint8 [N/16, NG, group*16*bits/8] (bits 4, 6 or 8)
+    qw: torch.Tensor       # uint8 [N/16, NG, group*16*bits/8] (bits 3, 4, 6 or 8)
     sc: torch.Tensor       # int8  [N/16, NG, 16]
     mn: torch.Tensor       # int8  [N/16, NG, 16]
     dm: torch.Tensor       # fp16  [N/16, NS, 2, 16]
@@ -220,6 +251,13 @@ def pack(c: BlockCodes) -> PackedBlocks:
     q = c.q.view(nb, 16, ng, c.group)
     if c.bits == 8:   # byte c*4+t of chunk j = q[c, 4j+t]
         qw = q.view(nb, 16, ng, c.group // 4, 4).permute(0, 2, 3, 1, 4).reshape(nb, ng, -1)
+    elif c.bits == 3:  # 2-bit plane: chunk h, byte c*4+t, bits 2j..2j+1 = q[c, 16h+4j+t] & 3; then the 1-bit plane:
+        low = (q & 3).view(nb, 16, ng, c.group // 16, 4, 4)   # byte c*4+t, bit j = bit 2 of q[c, 4j+t]
+        plane2 = low[..., 0, :] | (low[..., 1, :] << 2) | (low[..., 2, :] << 4) | (low[..., 3, :] << 6)
+        top = (q >> 2).view(nb, 16, ng, c.group // 4, 4)
+        plane1 = sum(top[..., j, :] << j for j in range(c.group // 4)).to(torch.uint8)
+        qw = torch.cat([plane2.permute(0, 2, 3, 1, 4).reshape(nb, ng, -1),
+                        plane1.permute(0, 2, 1, 3).reshape(nb, ng, -1)], dim=2)
     else:             # chunk i: low nibble q[c, 8i+t], high nibble q[c, 8i+4+t] (low 4 bits of each code)
         lo = (q & 15).view(nb, 16, ng, c.group // 8, 2, 4)
         qw = (lo[..., 0, :] | (lo[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(nb, ng, -1)

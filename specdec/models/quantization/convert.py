@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .blocks import BlockCodes, PackedBlocks, pack, quantize_int4
+from .blocks import BlockCodes, PackedBlocks, pack, quantize_blocks, quantize_int4
 
 LINEAR_SUFFIXES = ("qkv_proj.weight", "o_proj.weight", "gate_up_proj.weight", "down_proj.weight")
 
@@ -17,15 +17,19 @@ def is_linear_weight(name: str) -> bool:
     return name == "lm_head.weight" or name.endswith(LINEAR_SUFFIXES)
 
 
-def to_int4_state(state: dict) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """{name: tensor or BlockCodes} -> (tensors to save, metadata). Float linear weights are quantized."""
+def to_int4_state(state: dict, low_bits: dict[str, int] | None = None
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """{name: tensor or BlockCodes} -> (tensors to save, metadata). Float linear weights are quantized: to 4 bits,
+    or to low_bits[name] bits with a searched range (a draft's MLP at 3)."""
     tensors, meta = {}, {}
     for name in list(state):
         value = state.pop(name)
         if not is_linear_weight(name):
             tensors[name] = value
             continue
-        codes = value if isinstance(value, BlockCodes) else quantize_int4(value.float())
+        bits = (low_bits or {}).get(name)
+        codes = value if isinstance(value, BlockCodes) else \
+            quantize_blocks(value.float(), bits, search=True) if bits else quantize_int4(value.float())
         packed = pack(codes)
         linear = name.removesuffix(".weight")
         for t in PackedBlocks.TENSORS:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ...errors import SpecDecError
-from .blocks import BlockCodes, concat, dequantize, quantize_int4
+from .blocks import BlockCodes, concat, dequantize, quantize_blocks, quantize_int4
 
 EXACT_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")
 
@@ -91,16 +91,26 @@ def _codes_from_rows(raw: np.ndarray, k: int, qtype, tensor_name: str) -> BlockC
     return codes
 
 
+def codes_for_bits(tensor, bits: int) -> BlockCodes:
+    """A GGUF tensor re-quantized to `bits` (3: a draft's MLP) from gguf's float dequantization, with a searched
+    range per group (blocks.quantize_blocks)."""
+    return quantize_blocks(_floats(tensor), bits, search=True)
+
+
+def _floats(tensor) -> torch.Tensor:
+    import gguf
+
+    n, k = (int(v) for v in reversed(tensor.shape))
+    w = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type) \
+        if tensor.tensor_type.name not in ("F32", "F16") else np.asarray(tensor.data, dtype=np.float32)
+    return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).view(n, k)
+
+
 def codes_for_int4(tensor, exact: bool = True) -> BlockCodes:
     """What the int4 scheme stores for one GGUF tensor: exact codes where the type allows (Q6_K keeps
     6-bit codes, Q8_0 and Q5_0 8-bit ones), else (or with exact=False, for all but Q4_K) 4-bit codes re-quantized from
     gguf's float dequantization, which rounds."""
-    import gguf
-
     name = tensor.tensor_type.name
     if name == "Q4_K" or (exact and name in EXACT_TYPES):
         return codes_from_gguf(tensor)
-    n, k = (int(v) for v in reversed(tensor.shape))
-    w = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type) if name not in ("F32", "F16") \
-        else np.asarray(tensor.data, dtype=np.float32)
-    return quantize_int4(torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).view(n, k))
+    return quantize_int4(_floats(tensor))
