@@ -258,6 +258,7 @@ def test_draft_mlp_at_three_bits_keeps_greedy_parity(tiny_dirs):
               progress=False, speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3,
                                                             quantization="int4", draft_mlp_bits=3))
     assert llm.models.draft_mlp_bits == 3
+    assert llm.engine.drafting.proposers["draft"].status()["draft_mlp_bits"] == 3     # GET /v1/speculative/status
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     spec = llm.generate([5, 17, 42, 7, 99], params)[0]
     assert spec.token_ids == llm.generate([5, 17, 42, 7, 99], params, spec="none")[0].token_ids

@@ -242,8 +242,13 @@ class DraftModelProposer(Proposer):
             self.kv.truncate(result.seq_id, keep)
 
     def status(self) -> dict:
-        """The rows of the draft's output head (its vocabulary where the head was cut)."""
-        return {"draft_vocab_size": self.vocab_size if self.output_ids is None else len(self.output_ids)}
+        """The rows of the draft's output head (its vocabulary where the head was cut), and the bits of its MLP
+        codes where its linears are block-quantized (draft_mlp_bits)."""
+        out = {"draft_vocab_size": self.vocab_size if self.output_ids is None else len(self.output_ids)}
+        bits = getattr(getattr(self.model.layers[0].mlp.down_proj, "packed", None), "bits", None)
+        if bits is not None:
+            out["draft_mlp_bits"] = bits
+        return out
 
     def release(self, seq_id: int) -> None:
         self.tree_base.pop(seq_id, None)
