@@ -8,7 +8,9 @@ answer in one forward, and at every answer position its argmax is compared with 
 of k drafts from a position accepts the run of matches (at most k), then the target adds one token, so the matches
 give the accepted tokens per step exactly as the engine would count them for greedy decoding.
 
-    python docs/benchmarks/draft-bits/acceptance.py [VARIANT ...]     # variants: 4, 3, 3-search, 3-search-mlp
+    python docs/benchmarks/draft-bits/acceptance.py [VARIANT ...]
+    # variants: 4, 3, 3-search, 3-search-mlp, 3-imatrix-mlp (the search's error weighted per input by the mean
+    # square of the activations the draft's MLP reads on 32 other ShareGPT prompts, as llama.cpp's importance matrix)
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def target_answers() -> list[dict]:
     return data
 
 
-def quantize_bits(w: torch.Tensor, bits: int, search: bool) -> BlockCodes:
+def quantize_bits(w: torch.Tensor, bits: int, search: bool, importance: torch.Tensor | None = None) -> BlockCodes:
     """quantize_int4's recipe (min-max per group of 32, 6-bit group scales and mins under fp16 superblock ones) with
     2**bits - 1 levels; search: per group, the range shrunk at either end (x1, 0.9, 0.8, 0.7) with the least
     squared error."""
@@ -62,7 +64,8 @@ def quantize_bits(w: torch.Tensor, bits: int, search: bool) -> BlockCodes:
                 l2, h2 = lo * a, hi * b
                 st = ((h2 - l2) / levels).clamp(min=1e-30)
                 q = torch.round((g - l2[..., None]) / st[..., None]).clamp(0, levels)
-                err = ((q * st[..., None] + l2[..., None] - g) ** 2).sum(-1)
+                err = ((q * st[..., None] + l2[..., None] - g) ** 2)
+                err = (err * importance.view(1, ng, INT4_GROUP)).sum(-1) if importance is not None else err.sum(-1)
                 take = torch.ones_like(err, dtype=torch.bool) if best is None else err < best
                 best = err if best is None else torch.where(take, err, best)
                 blo, bhi = torch.where(take, l2, blo), torch.where(take, h2, bhi)
@@ -85,6 +88,31 @@ def quantize_bits(w: torch.Tensor, bits: int, search: bool) -> BlockCodes:
     return BlockCodes(q.to(torch.uint8).view(n, k), sc, mn, d, dmin, bits, INT4_GROUP, INT4_SUPERBLOCK)
 
 
+def importance(model, tokenizer) -> dict[tuple[int, str], torch.Tensor]:
+    """(layer, "gate_up" | "down") -> mean square of each input of that linear over 32 ShareGPT prompts (seed 1,
+    not the evaluated ones), read with forward hooks on the bf16 draft."""
+    sums: dict[tuple[int, str], list] = {}
+
+    def hook(key):
+        def record(_mod, args):
+            x = args[0].float().reshape(-1, args[0].shape[-1])
+            acc = sums.setdefault(key, [torch.zeros(x.shape[1]), 0])
+            acc[0] += (x * x).sum(0)
+            acc[1] += x.shape[0]
+        return record
+
+    handles = [m.register_forward_pre_hook(hook((i, name))) for i, layer in enumerate(model.layers)
+               for name, m in (("gate_up", layer.mlp.gate_up_proj), ("down", layer.mlp.down_proj))]
+    for p in load_prompts("sharegpt:32", seed=1):
+        ids = tokenizer.encode_chat(p["messages"])[:512]
+        kv = model.new_kv()
+        kv.resize(-(-(len(ids) + 1) // model.key_block) * model.key_block)
+        forward_spans(model, [Span(kv, 0, ids, "none")])
+    for h in handles:
+        h.remove()
+    return {k: v[0] / max(v[1], 1) for k, v in sums.items()}
+
+
 def draft_variant(variant: str):
     """The draft in bf16 with every q/k/v/o/gate/up/down weight replaced by its codes' dequantization."""
     import gguf
@@ -94,12 +122,16 @@ def draft_variant(variant: str):
     from specdec.models.loader import load_model, resolve_source
 
     bits = int(variant[0])
-    model = load_model(DRAFT, quantization="none", pack=False, progress=False).model
+    loaded = load_model(DRAFT, quantization="none", pack=False, progress=False)
+    model = loaded.model
+    imp = importance(model, loaded.tokenizer) if "imatrix" in variant else {}
     reader = open_gguf(resolve_source(DRAFT, progress=False)[1])
     for name, t in iter_hf_tensors(reader, gguf_config(reader)):
         if not name.endswith("proj.weight"):
             continue
         b = bits if ("mlp" in name or not variant.endswith("-mlp")) else 4
+        layer = int(name.split(".")[2])
+        weight_of = imp.get((layer, "down" if "down_proj" in name else "gate_up")) if "mlp" in name else None
         if b == 4:
             w = dequantize(codes_for_int4(t, exact=False))            # what the draft runs today
         else:
@@ -107,7 +139,7 @@ def draft_variant(variant: str):
             f = np.asarray(t.data, dtype=np.float32) if t.tensor_type.name in ("F32", "F16") else \
                 gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
             codes = quantize_bits(torch.from_numpy(np.ascontiguousarray(f, dtype=np.float32)).view(n, k), b,
-                                  "search" in variant)
+                                  "search" in variant or "imatrix" in variant, weight_of)
             w = dequantize(codes)
         _put(model, name, w)
     return model
