@@ -13,6 +13,7 @@ from .engine_args import EngineArgs
 from .errors import SpecDecError
 from .models.heads import LoadedHead
 from .models.loader import LoadedModel, default_quantization, load_model, source_arch
+from .models.quantization import kernels
 from .models.registry import DEFAULT_DRAFT
 from .proposers import check_compatible
 from .proposers.cross_vocab import METHOD as CROSS_VOCAB
@@ -121,6 +122,9 @@ def load_models(args: EngineArgs) -> LoadedModels:
         output_ids = draft_output_ids(target.name, cut, target.tokenizer.vocab_size) if cut != 0 else None
         out.draft_mlp_bits = (spec.draft_mlp_bits or DEFAULT_DRAFT_MLP_BITS) if out.draft_quantization == "int4" \
             else None
+        if out.draft_mlp_bits == 3 and not kernels.vector_kernel(3):
+            log.warning("draft_mlp_bits 3: this CPU has no vector kernel for 3-bit codes (AVX-512 VNNI runs them), "
+                        "so the portable one will: the draft's steps get slower, not faster")
         out.draft = load_model(draft, dtype=args.dtype, device=args.device, progress=args.progress,
                                quantization=out.draft_quantization, int4_exact=False, output_ids=output_ids,
                                mlp_bits=out.draft_mlp_bits or 4)

@@ -267,6 +267,17 @@ def test_draft_mlp_at_three_bits_keeps_greedy_parity(tiny_dirs):
         SpeculativeConfig(method="draft", draft_mlp_bits=2)
 
 
+def test_draft_mlp_at_three_bits_warns_where_no_vector_kernel_runs_them(tiny_dirs, monkeypatch, caplog):
+    from specdec import LLM
+    from specdec.config import SpeculativeConfig
+
+    monkeypatch.setattr(kernels, "vector_kernel", lambda bits, group=32: bits != 3)    # an AVX2 CPU's answer
+    with caplog.at_level("WARNING", logger="specdec"):
+        LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="bfloat16", device="cpu",
+            progress=False, speculative=SpeculativeConfig(method="draft", quantization="int4", draft_mlp_bits=3))
+    assert any("no vector kernel for 3-bit codes" in r.getMessage() for r in caplog.records)
+
+
 def test_a_gguf_draft_mlp_tensor_at_three_bits():
     """A GGUF tensor re-quantized to 3 bits for a draft's MLP: codes 0..7 from gguf's dequantization, within a 3-bit
     step of each group's range."""
