@@ -161,22 +161,34 @@ def _put(model, name: str, w: torch.Tensor) -> None:
         lin.weight[off: off + w.shape[0]] = w.to(lin.weight.dtype)
 
 
+def answer_matches(model, d: dict) -> list[bool]:
+    """Whether the draft's argmax after each prefix of prompt + answer is the target's next answer token."""
+    ids = d["prompt"] + d["output"]
+    kv = model.new_kv()
+    kv.resize(-(-(len(ids) + 1) // model.key_block) * model.key_block)
+    pred = forward_spans(model, [Span(kv, 0, ids, "all")])[0].argmax(-1)
+    start = len(d["prompt"]) - 1
+    return [int(pred[start + i]) == t for i, t in enumerate(d["output"])]
+
+
+def chains(match: list[bool], k: int) -> tuple[int, int]:
+    """(accepted drafts, steps) of greedy chains of k over the answer: each step accepts the run of matches (at
+    most k), then the target adds one token."""
+    p = steps = accepted = 0
+    while p < len(match):
+        a = 0
+        while a < k and p + a < len(match) and match[p + a]:
+            a += 1
+        steps, accepted, p = steps + 1, accepted + a, p + a + 1
+    return accepted, steps
+
+
 def acceptance(model, data: list[dict]) -> dict[str, list[int]]:
     """category -> [matches, answer tokens, accepted drafts, steps] over greedy chains of K."""
     out: dict[str, list[int]] = {}
     for d in data:
-        ids = d["prompt"] + d["output"]
-        kv = model.new_kv()
-        kv.resize(-(-(len(ids) + 1) // model.key_block) * model.key_block)
-        pred = forward_spans(model, [Span(kv, 0, ids, "all")])[0].argmax(-1)
-        start = len(d["prompt"]) - 1
-        match = [int(pred[start + i]) == t for i, t in enumerate(d["output"])]
-        p = steps = accepted = 0
-        while p < len(match):
-            a = 0
-            while a < K and p + a < len(match) and match[p + a]:
-                a += 1
-            steps, accepted, p = steps + 1, accepted + a, p + a + 1
+        match = answer_matches(model, d)
+        accepted, steps = chains(match, K)
         c = out.setdefault(d["category"], [0, 0, 0, 0])
         for i, v in enumerate((sum(match), len(match), accepted, steps)):
             c[i] += v

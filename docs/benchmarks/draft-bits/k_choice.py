@@ -15,7 +15,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import acceptance  # noqa: E402
 
-from specdec.models.runner import Span, forward_spans  # noqa: E402
 from specdec.policy.cost_model import expected_tokens  # noqa: E402
 from specdec.policy.decide import effective_alpha  # noqa: E402
 
@@ -23,12 +22,7 @@ C, V = 0.29, [1.0, 1.04, 1.10, 1.15, 1.17, 1.36, 1.37, 1.63, 1.81]
 
 
 def committed_per_step(match: list[bool], k: int) -> float:
-    p = steps = accepted = 0
-    while p < len(match):
-        a = 0
-        while a < k and p + a < len(match) and match[p + a]:
-            a += 1
-        steps, accepted, p = steps + 1, accepted + a, p + a + 1
+    accepted, steps = acceptance.chains(match, k)
     return 1 + accepted / steps
 
 
@@ -37,12 +31,7 @@ def main() -> None:
     data, model = acceptance.target_answers(), acceptance.draft_variant("4")
     losses = []
     for d in data:
-        ids = d["prompt"] + d["output"]
-        kv = model.new_kv()
-        kv.resize(-(-(len(ids) + 1) // model.key_block) * model.key_block)
-        pred = forward_spans(model, [Span(kv, 0, ids, "all")])[0].argmax(-1)
-        start = len(d["prompt"]) - 1
-        match = [int(pred[start + i]) == t for i, t in enumerate(d["output"])]
+        match = acceptance.answer_matches(model, d)
         real = {k: committed_per_step(match, k) for k in range(1, 9)}
         speed = {k: real[k] / (k * C + V[k]) for k in real}
         alpha = effective_alpha(real[4], 4)
