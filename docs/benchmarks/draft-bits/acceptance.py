@@ -9,8 +9,9 @@ of k drafts from a position accepts the run of matches (at most k), then the tar
 give the accepted tokens per step exactly as the engine would count them for greedy decoding.
 
     python docs/benchmarks/draft-bits/acceptance.py [VARIANT ...]
-    # variants: 4, 3, 3-search, 3-search-mlp, 3-imatrix-mlp (the search's error weighted per input by the mean
-    # square of the activations the draft's MLP reads on 32 other ShareGPT prompts, as llama.cpp's importance matrix)
+    # variants: 4, 3, 3-search, 3-search-mlp, 3-search-mlp-edgesN (the first and last N layers kept at 4 bits),
+    # 3-imatrix-mlp (the search's error weighted per input by the mean square of the activations the draft's MLP
+    # reads on 32 other ShareGPT prompts, as llama.cpp's importance matrix)
 """
 from __future__ import annotations
 
@@ -129,8 +130,11 @@ def draft_variant(variant: str):
     for name, t in iter_hf_tensors(reader, gguf_config(reader)):
         if not name.endswith("proj.weight"):
             continue
-        b = bits if ("mlp" in name or not variant.endswith("-mlp")) else 4
         layer = int(name.split(".")[2])
+        b = bits if ("mlp" in name or "-mlp" not in variant) else 4
+        edges = int(variant.rsplit("-edges", 1)[1]) if "-edges" in variant else 0
+        if layer < edges or layer >= len(model.layers) - edges:     # the first and last layers kept at 4 bits
+            b = 4
         weight_of = imp.get((layer, "down" if "down_proj" in name else "gate_up")) if "mlp" in name else None
         if b == 4:
             w = dequantize(codes_for_int4(t, exact=False))            # what the draft runs today
