@@ -187,6 +187,7 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = F
     from ..gguf_file import open_gguf
     from .gguf_weights import dequantize_hf, gguf_config, iter_hf_tensors, llama_row_order
     from .quantization.blocks import take_rows
+    from .quantization.convert import is_mlp_weight
     from .quantization.gguf_blocks import codes_for_bits, codes_for_int4
 
     reader = open_gguf(path)
@@ -198,7 +199,7 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = F
         if int4 and (name.endswith("proj.weight") or name == "lm_head.weight"):
             # the GGUF's blocks, kept without loss where the type allows (int4_exact), else 4-bit everywhere; a
             # llama-arch file's Q/K rows back in HF's order (whole rows move, so the blocks stay as they are)
-            codes = codes_for_int4(tensor, exact=int4_exact) if mlp_bits == 4 or not _is_mlp(name) else \
+            codes = codes_for_int4(tensor, exact=int4_exact) if mlp_bits == 4 or not is_mlp_weight(name) else \
                 codes_for_bits(tensor, mlp_bits)
             order = llama_row_order(name, codes.shape[0], cfg)
             return name, codes if order is None else take_rows(codes, order)
@@ -220,10 +221,6 @@ def _convert_gguf(path: Path, dtype: torch.dtype, progress: bool, int4: bool = F
     if cfg.tie_word_embeddings and not int4:
         hf.pop("lm_head.weight", None)
     return cfg, _fuse(hf, cfg, dtype), Tokenizer.from_gguf(reader)
-
-
-def _is_mlp(name: str) -> bool:
-    return name.endswith(("gate_proj.weight", "up_proj.weight", "down_proj.weight", "gate_up_proj.weight"))
 
 
 def _convert_hf_dir(path: Path, dtype: torch.dtype):
@@ -263,7 +260,7 @@ def _convert(source: Path, entry: Path, dtype: torch.dtype, scheme: str, int4_ex
     if scheme == "int4":
         from .quantization.convert import to_int4_state
 
-        state, meta = to_int4_state(state, low_bits={n: mlp_bits for n in state if _is_mlp(n) and mlp_bits != 4})
+        state, meta = to_int4_state(state, mlp_bits)
     with atomic_dir(entry) as tmp:
         save_file(state, str(tmp / "model.safetensors"), metadata=meta)
         (tmp / "config.json").write_text(cfg.to_json())

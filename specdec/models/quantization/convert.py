@@ -11,25 +11,33 @@ import torch
 from .blocks import BlockCodes, PackedBlocks, pack, quantize_blocks, quantize_int4
 
 LINEAR_SUFFIXES = ("qkv_proj.weight", "o_proj.weight", "gate_up_proj.weight", "down_proj.weight")
+MLP_SUFFIXES = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")     # up_proj also ends gate_up_proj
 
 
 def is_linear_weight(name: str) -> bool:
     return name == "lm_head.weight" or name.endswith(LINEAR_SUFFIXES)
 
 
-def to_int4_state(state: dict, low_bits: dict[str, int] | None = None
-                  ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def is_mlp_weight(name: str) -> bool:
+    """An MLP linear's weight, unfused (a GGUF's gate / up / down) or fused (gate_up_proj)."""
+    return name.endswith(MLP_SUFFIXES)
+
+
+def to_int4_state(state: dict, mlp_bits: int = 4) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """{name: tensor or BlockCodes} -> (tensors to save, metadata). Float linear weights are quantized: to 4 bits,
-    or to low_bits[name] bits with a searched range (a draft's MLP at 3)."""
+    the MLP's to mlp_bits with a searched range where that is fewer (a draft's MLP at 3)."""
     tensors, meta = {}, {}
     for name in list(state):
         value = state.pop(name)
         if not is_linear_weight(name):
             tensors[name] = value
             continue
-        bits = (low_bits or {}).get(name)
-        codes = value if isinstance(value, BlockCodes) else \
-            quantize_blocks(value.float(), bits, search=True) if bits else quantize_int4(value.float())
+        if isinstance(value, BlockCodes):
+            codes = value
+        elif mlp_bits != 4 and is_mlp_weight(name):
+            codes = quantize_blocks(value.float(), mlp_bits, search=True)
+        else:
+            codes = quantize_int4(value.float())
         packed = pack(codes)
         linear = name.removesuffix(".weight")
         for t in PackedBlocks.TENSORS:
