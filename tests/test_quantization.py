@@ -81,6 +81,12 @@ def test_three_bit_codes_with_a_searched_range_err_less():
     err = lambda c: (dequantize(c) - w).norm() / w.norm()
     assert err(searched) < err(plain) < 0.25                  # ~17% / ~15% for a Gaussian at 3.6 bits
     assert torch.equal(quantize_blocks(w, 4).q, quantize_int4(w).q)
+    # an importance matrix weighs each input's error in the search: all ones is the plain search, and a weighted
+    # search errs least by its own weighted measure
+    imp = torch.rand(512, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(quantize_blocks(w, 3, search=True, importance=torch.ones(512)).q, searched.q)
+    weighted = lambda c: ((dequantize(c) - w) ** 2 * imp).sum()
+    assert weighted(quantize_blocks(w, 3, search=True, importance=imp)) <= weighted(searched)
     with pytest.raises(AssertionError, match="groups of 32"):
         widen(plain, 3, 16, 32)
 

@@ -20,12 +20,11 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from specdec.bench.datasets import load_prompts
-from specdec.models.quantization.blocks import INT4_GROUP, INT4_SUPERBLOCK, BlockCodes, dequantize
-from specdec.models.quantization.gguf_blocks import codes_for_int4
+from specdec.models.quantization.blocks import dequantize, quantize_blocks
+from specdec.models.quantization.gguf_blocks import codes_for_int4, dequantized
 from specdec.models.runner import Span, forward_spans
 from specdec.sampling_params import SamplingParams
 
@@ -47,46 +46,6 @@ def target_answers() -> list[dict]:
         data.append({"category": p.get("category", "?"), "prompt": r.prompt_token_ids, "output": r.token_ids})
     OUT.write_text(json.dumps(data))
     return data
-
-
-def quantize_bits(w: torch.Tensor, bits: int, search: bool, importance: torch.Tensor | None = None) -> BlockCodes:
-    """quantize_int4's recipe (min-max per group of 32, 6-bit group scales and mins under fp16 superblock ones) with
-    2**bits - 1 levels; search: per group, the range shrunk at either end (x1, 0.9, 0.8, 0.7) with the least
-    squared error."""
-    n, k = w.shape
-    g = w.float().reshape(n, -1, INT4_GROUP)
-    ng, levels = g.shape[1], (1 << bits) - 1
-    ns = -(-ng // INT4_SUPERBLOCK)
-    lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
-    if search:
-        best, blo, bhi = None, lo, hi
-        for a in (1.0, 0.9, 0.8, 0.7):
-            for b in (1.0, 0.9, 0.8, 0.7):
-                l2, h2 = lo * a, hi * b
-                st = ((h2 - l2) / levels).clamp(min=1e-30)
-                q = torch.round((g - l2[..., None]) / st[..., None]).clamp(0, levels)
-                err = ((q * st[..., None] + l2[..., None] - g) ** 2)
-                err = (err * importance.view(1, ng, INT4_GROUP)).sum(-1) if importance is not None else err.sum(-1)
-                take = torch.ones_like(err, dtype=torch.bool) if best is None else err < best
-                best = err if best is None else torch.where(take, err, best)
-                blo, bhi = torch.where(take, l2, blo), torch.where(take, h2, bhi)
-        lo, hi = blo, bhi
-    pad = ns * INT4_SUPERBLOCK - ng
-
-    def two_level(v):
-        vs = torch.nn.functional.pad(v, (0, pad)).view(n, ns, INT4_SUPERBLOCK)
-        top = (vs.amax(-1) / 63).half()
-        t = top.float().repeat_interleave(INT4_SUPERBLOCK, 1)[:, :ng]
-        mult = torch.where(t > 0, torch.round(v / t.clamp(min=1e-30)), torch.zeros_like(v)).clamp(0, 63)
-        return top, mult.to(torch.int8)
-
-    d, sc = two_level((hi - lo) / levels)
-    dmin, mn = two_level(-lo)
-    gs = torch.arange(ng) // INT4_SUPERBLOCK
-    step, offs = d.float()[:, gs] * sc.float(), dmin.float()[:, gs] * mn.float()
-    q = torch.where(step[..., None] > 0, torch.round((g + offs[..., None]) / step.clamp(min=1e-30)[..., None]),
-                    torch.zeros_like(g)).clamp(0, levels)
-    return BlockCodes(q.to(torch.uint8).view(n, k), sc, mn, d, dmin, bits, INT4_GROUP, INT4_SUPERBLOCK)
 
 
 def importance(model, tokenizer) -> dict[tuple[int, str], torch.Tensor]:
@@ -116,8 +75,6 @@ def importance(model, tokenizer) -> dict[tuple[int, str], torch.Tensor]:
 
 def draft_variant(variant: str):
     """The draft in bf16 with every q/k/v/o/gate/up/down weight replaced by its codes' dequantization."""
-    import gguf
-
     from specdec.gguf_file import open_gguf
     from specdec.models.gguf_weights import gguf_config, iter_hf_tensors
     from specdec.models.loader import load_model, resolve_source
@@ -139,12 +96,8 @@ def draft_variant(variant: str):
         if b == 4:
             w = dequantize(codes_for_int4(t, exact=False))            # what the draft runs today
         else:
-            n, k = (int(v) for v in reversed(t.shape))
-            f = np.asarray(t.data, dtype=np.float32) if t.tensor_type.name in ("F32", "F16") else \
-                gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
-            codes = quantize_bits(torch.from_numpy(np.ascontiguousarray(f, dtype=np.float32)).view(n, k), b,
-                                  "search" in variant or "imatrix" in variant, weight_of)
-            w = dequantize(codes)
+            w = dequantize(quantize_blocks(dequantized(t), b, search="search" in variant or "imatrix" in variant,
+                                           importance=weight_of))
         _put(model, name, w)
     return model
 

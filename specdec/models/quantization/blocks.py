@@ -70,10 +70,12 @@ def quantize_int4(w: torch.Tensor) -> BlockCodes:
 SEARCH_SHRINK = (1.0, 0.9, 0.8, 0.7)
 
 
-def quantize_blocks(w: torch.Tensor, bits: int, search: bool = False) -> BlockCodes:
+def quantize_blocks(w: torch.Tensor, bits: int, search: bool = False,
+                    importance: torch.Tensor | None = None) -> BlockCodes:
     """quantize_int4's recipe with 2**bits - 1 levels (3 or 4 bits). search: per group, the range shrunk at either
     end by each factor of SEARCH_SHRINK with the least squared error (plain rounding inside it) instead of the
-    whole min-max range; what a 3-bit draft's layers need (docs/benchmarks/draft-bits)."""
+    whole min-max range; what a 3-bit draft's layers need (docs/benchmarks/draft-bits). importance [K]: each input's
+    weight in that error (an importance matrix, as llama.cpp's; tried there, no better for the draft)."""
     n, k = w.shape
     if k % INT4_GROUP:
         raise ValueError(f"int{bits} needs in_features divisible by {INT4_GROUP}, got {k}")
@@ -83,7 +85,7 @@ def quantize_blocks(w: torch.Tensor, bits: int, search: bool = False) -> BlockCo
     ns = -(-ng // INT4_SUPERBLOCK)
     lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
     if search:
-        lo, hi = _searched_range(g, lo, hi, levels)
+        lo, hi = _searched_range(g, lo, hi, levels, None if importance is None else importance.view(1, ng, INT4_GROUP))
     scale_f, offs_f = (hi - lo) / levels, -lo                     # [N, NG]
     pad = ns * INT4_SUPERBLOCK - ng
 
@@ -104,15 +106,17 @@ def quantize_blocks(w: torch.Tensor, bits: int, search: bool = False) -> BlockCo
     return BlockCodes(q.to(torch.uint8).view(n, k), sc, mn, d, dmin, bits, INT4_GROUP, INT4_SUPERBLOCK).check()
 
 
-def _searched_range(g: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: int):
-    """Per group (g: [N, NG, 32]), the (lo * a, hi * b) over a, b in SEARCH_SHRINK whose rounding errs least."""
+def _searched_range(g: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: int, weight=None):
+    """Per group (g: [N, NG, 32]), the (lo * a, hi * b) over a, b in SEARCH_SHRINK whose rounding errs least (each
+    input's squared error times its weight [1, NG, 32], where given)."""
     best = blo = bhi = None
     for a in SEARCH_SHRINK:
         for b in SEARCH_SHRINK:
             l2, h2 = lo * a, hi * b
             step = ((h2 - l2) / levels).clamp(min=1e-30)
             q = torch.round((g - l2[..., None]) / step[..., None]).clamp(0, levels)
-            err = ((q * step[..., None] + l2[..., None] - g) ** 2).sum(-1)
+            err = (q * step[..., None] + l2[..., None] - g) ** 2
+            err = (err if weight is None else err * weight).sum(-1)
             if best is None:
                 best, blo, bhi = err, l2, h2
                 continue

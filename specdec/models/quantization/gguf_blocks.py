@@ -94,10 +94,11 @@ def _codes_from_rows(raw: np.ndarray, k: int, qtype, tensor_name: str) -> BlockC
 def codes_for_bits(tensor, bits: int) -> BlockCodes:
     """A GGUF tensor re-quantized to `bits` (3: a draft's MLP) from gguf's float dequantization, with a searched
     range per group (blocks.quantize_blocks)."""
-    return quantize_blocks(_floats(tensor), bits, search=True)
+    return quantize_blocks(dequantized(tensor), bits, search=True)
 
 
-def _floats(tensor) -> torch.Tensor:
+def dequantized(tensor) -> torch.Tensor:
+    """A GGUF tensor's weights as fp32 [N, K], as gguf dequantizes them."""
     import gguf
 
     n, k = (int(v) for v in reversed(tensor.shape))
@@ -113,4 +114,4 @@ def codes_for_int4(tensor, exact: bool = True) -> BlockCodes:
     name = tensor.tensor_type.name
     if name == "Q4_K" or (exact and name in EXACT_TYPES):
         return codes_from_gguf(tensor)
-    return quantize_int4(_floats(tensor))
+    return quantize_int4(dequantized(tensor))
