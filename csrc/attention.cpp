@@ -226,6 +226,139 @@ SPECDEC_AVX512F void attend_heads(int nh, const B* q, int64_t q_stride, const B*
     }
 }
 
+// AVX-512 BF16 (Zen 4, Sapphire Rapids and later), bf16 caches only: the same walk as attend_heads_avx512 with
+// vdpbf16ps doing two multiply-adds per lane. A score is the pair-wise chain of dot products over d (q and k are
+// bf16, so every product is exact), its lanes summed by the same fixed tree; the values are weighed by the
+// softmax's numerators rounded to bf16 (as ATen's flash attention and FlashAttention round P before P.V), taken two
+// keys at a time, and divided by the sum of those rounded weights, so the output stays a convex combination. Every
+// number is still computed per (row, head) and per key in one fixed way: a row's bits do not depend on the rows
+// beside it. Half the multiply instructions of the fp32 walk, and no conversion of the keys.
+template <int G, int KB>   // KB keys' chains at once (G * KB accumulators in registers)
+SPECDEC_AVX512BF16 inline void score_keys_dp(const uint16_t* qb, const uint16_t* const* keys, int nq, __m512* acc) {
+    for (int i = 0; i < nq; ++i) {
+        __m512bh kv[KB];
+        for (int b = 0; b < KB; ++b) kv[b] = (__m512bh)_mm512_loadu_si512(keys[b] + 32 * i);
+        for (int g = 0; g < G; ++g) {
+            const __m512bh qg = (__m512bh)_mm512_load_si512(qb + g * 256 + 32 * i);
+            for (int b = 0; b < KB; ++b)
+                acc[g * KB + b] = _mm512_dpbf16_ps(i ? acc[g * KB + b] : _mm512_setzero_ps(), qg, kv[b]);
+        }
+    }
+}
+
+template <int G, int C>   // C chunks of 32 columns per pass over the keys (G * 2C accumulators)
+SPECDEC_AVX512BF16 void weighted_values_dp(const uint16_t* vc, int64_t d, int64_t nkeys, KeySlots slot,
+                                           const uint16_t* w, int64_t wstride, const float* inv, uint16_t* out,
+                                           int64_t out_stride) {
+    const int nc = int(d / 32);
+    const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i hi_idx = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int c0 = 0; c0 < nc; c0 += C) {
+        __m512 o[G][2 * C];
+        for (int g = 0; g < G; ++g)
+            for (int c = 0; c < 2 * C; ++c) o[g][c] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < nkeys; j += 2) {
+            const uint16_t* va = vc + slot(j) * d + 32 * c0;
+            const uint16_t* vb = j + 1 < nkeys ? vc + slot(j + 1) * d + 32 * c0 : nullptr;   // an odd last key
+            __m512bh pv[2 * C];
+            for (int c = 0; c < C; ++c) {
+                const __m512i a = _mm512_loadu_si512(va + 32 * c);
+                const __m512i b = vb ? _mm512_loadu_si512(vb + 32 * c) : _mm512_setzero_si512();
+                // per 128-bit lane L: columns 8L..8L+3 of both keys (lo), then 8L+4..8L+7 (hi), key j first
+                pv[2 * c] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+                pv[2 * c + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+            }
+            for (int g = 0; g < G; ++g) {
+                uint32_t pair;
+                std::memcpy(&pair, w + g * wstride + j, sizeof(pair));   // weights of keys j, j + 1 (0 past the end)
+                const __m512bh e = (__m512bh)_mm512_set1_epi32(int(pair));
+                for (int c = 0; c < 2 * C; ++c) o[g][c] = _mm512_dpbf16_ps(o[g][c], e, pv[c]);
+            }
+        }
+        for (int g = 0; g < G; ++g)
+            for (int c = 0; c < C; ++c) {
+                const __m512 s = _mm512_set1_ps(inv[g]);
+                uint16_t* dst = out + g * out_stride + 32 * (c0 + c);
+                vstore(dst, _mm512_mul_ps(_mm512_permutex2var_ps(o[g][2 * c], lo_idx, o[g][2 * c + 1]), s));
+                vstore(dst + 16, _mm512_mul_ps(_mm512_permutex2var_ps(o[g][2 * c], hi_idx, o[g][2 * c + 1]), s));
+            }
+    }
+}
+
+template <int G>   // as attend_heads_avx512; s: G * nkeys floats; w: G * (nkeys + 32) bf16 of scratch
+SPECDEC_AVX512BF16 void attend_heads_dp(const uint16_t* q, int64_t q_stride, const uint16_t* kc, const uint16_t* vc,
+                                        int64_t d, int64_t nkeys, KeySlots slot, float scale, float* s, uint16_t* w,
+                                        uint16_t* out, int64_t out_stride) {
+    constexpr int KB = G <= 6 ? 4 : 2;
+    const int nq = int(d / 32);
+    alignas(64) uint16_t qb[G * 256];
+    for (int g = 0; g < G; ++g) std::memcpy(qb + g * 256, q + g * q_stride, sizeof(uint16_t) * d);
+    alignas(64) __m512 part[G][16];   // sixteen keys' lane partials per head
+    int64_t j = 0;
+    for (; j + 16 <= nkeys; j += 16) {
+        for (int kk = 0; kk < 16; kk += KB) {
+            const uint16_t* keys[KB];
+            for (int b = 0; b < KB; ++b) keys[b] = kc + slot(j + kk + b) * d;
+            __m512 acc[G * KB];
+            score_keys_dp<G, KB>(qb, keys, nq, acc);
+            for (int g = 0; g < G; ++g)
+                for (int b = 0; b < KB; ++b) part[g][kk + b] = acc[g * KB + b];
+        }
+        for (int g = 0; g < G; ++g)
+            _mm512_storeu_ps(s + g * nkeys + j, _mm512_mul_ps(reduce16(part[g]), _mm512_set1_ps(scale)));
+    }
+    for (; j < nkeys; ++j) {   // the same chain per key; the same tree over its lanes as reduce16's
+        const uint16_t* keys[1] = {kc + slot(j) * d};
+        __m512 acc[G];
+        score_keys_dp<G, 1>(qb, keys, nq, acc);
+        for (int g = 0; g < G; ++g) s[g * nkeys + j] = _mm512_reduce_add_ps(acc[g]) * scale;
+    }
+    const int64_t wstride = nkeys + 32;
+    float inv[G];
+    for (int g = 0; g < G; ++g) {
+        float* sg = s + g * nkeys;
+        softmax_avx512(sg, nkeys);
+        // the weights in bf16, in key order (a 32-bit word at an even key is the pair j, j + 1), and their sum
+        uint16_t* wg = w + g * wstride;
+        __m512 vsum = _mm512_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= nkeys; i += 16) {
+            const __m512 r = specdec::round_like(_mm512_loadu_ps(sg + i), wg);
+            vstore(wg + i, r);
+            vsum = _mm512_add_ps(vsum, r);
+        }
+        if (i < nkeys) {
+            const __mmask16 tail = __mmask16((1u << (nkeys - i)) - 1);
+            const __m512 r = _mm512_maskz_mov_ps(tail, specdec::round_like(_mm512_maskz_loadu_ps(tail, sg + i), wg));
+            alignas(64) uint16_t tmp[16];
+            vstore(tmp, r);
+            std::memcpy(wg + i, tmp, sizeof(uint16_t) * (nkeys - i));
+            vsum = _mm512_add_ps(vsum, r);
+        }
+        wg[nkeys] = 0;   // the partner of an odd last key
+        inv[g] = 1.0f / _mm512_reduce_add_ps(vsum);
+    }
+    if (nq % 2 == 0 && G <= 6)
+        weighted_values_dp<G, 2>(vc, d, nkeys, slot, w, wstride, inv, out, out_stride);
+    else
+        weighted_values_dp<G, 1>(vc, d, nkeys, slot, w, wstride, inv, out, out_stride);
+}
+
+SPECDEC_AVX512BF16 void attend_heads_bf16(int nh, const uint16_t* q, int64_t q_stride, const uint16_t* kc,
+                                          const uint16_t* vc, int64_t d, int64_t nkeys, KeySlots slot, float scale,
+                                          float* s, uint16_t* w, uint16_t* out, int64_t out_stride) {
+    switch (nh) {
+        case 1: attend_heads_dp<1>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, w, out, out_stride); break;
+        case 2: attend_heads_dp<2>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, w, out, out_stride); break;
+        case 3: attend_heads_dp<3>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, w, out, out_stride); break;
+        case 4: attend_heads_dp<4>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, w, out, out_stride); break;
+        case 5: attend_heads_dp<5>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, w, out, out_stride); break;
+        case 6: attend_heads_dp<6>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, w, out, out_stride); break;
+        case 7: attend_heads_dp<7>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, w, out, out_stride); break;
+        default: attend_heads_dp<8>(q, q_stride, kc, vc, d, nkeys, slot, scale, s, w, out, out_stride); break;
+    }
+}
+
 // Eight keys' scores at once: a[j] (8 floats) holds key j's lane partials; lane j of the result is their sum by one
 // tree (in each 128-bit half elements 0+2 and 1+3, then the two; then the halves).
 SPECDEC_AVX2F inline __m256 sum8(const float* a) {
@@ -440,6 +573,12 @@ void attend_rows(const RowKeys* rows, int nrows, int nh, const B* q, int64_t qs0
 }
 #endif
 
+#ifdef SPECDEC_HAVE_AVX512
+bool has_bf16_dot() { return specdec::cpu_has_avx512_bf16(); }
+#else
+bool has_bf16_dot() { return false; }
+#endif
+
 // Rows of one sequence attend together in blocks of up to kRowBlock (the scores of a block: rows x heads x keys
 // floats per thread); a task is one block and the query heads of one KV group (or part of them).
 constexpr int64_t kRowBlock = 8;
@@ -470,9 +609,15 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
     T* op = out.data_ptr<T>();
     const int64_t qs0 = q.stride(0), qs1 = q.stride(1), group = hq / hkv;
     const float scale = 1.0f / std::sqrt(float(d));
-    const int path = specdec::ops_path(impl, d % 16 == 0 && d <= 256, d % 8 == 0 && d <= 256, "ragged_attention");
+    // impl 4 (AVX-512 BF16) is attention's own; auto takes it for bf16 caches where the CPU has vdpbf16ps
+    TORCH_CHECK(impl != specdec::kOpsAvx512Bf16 || has_bf16_dot(), "ragged_attention: this CPU lacks AVX-512 BF16");
+    const bool dot = std::is_same_v<B, uint16_t> && d % 32 == 0 && d <= 256 &&
+                     (impl == specdec::kOpsAvx512Bf16 || (impl == specdec::kOpsAuto && has_bf16_dot()));
+    const int path = specdec::ops_path(impl == specdec::kOpsAvx512Bf16 ? specdec::kOpsAvx512 : impl,
+                                       d % 16 == 0 && d <= 256, d % 8 == 0 && d <= 256, "ragged_attention");
     at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
         std::vector<float> scratch;
+        std::vector<uint16_t> weights;   // the bf16 path's rounded softmax weights
 #ifdef SPECDEC_HAVE_AVX512
         RowsScratch rows_scratch;
 #endif
@@ -496,6 +641,16 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
                 const KeySlots slots = rk.window_slots();
                 if (int64_t(scratch.size()) < task.nh * nkeys) scratch.resize(task.nh * nkeys + 256);
 #ifdef SPECDEC_HAVE_AVX512
+                if constexpr (std::is_same_v<B, uint16_t>) {
+                    if (dot) {
+                        if (int64_t(weights.size()) < task.nh * (nkeys + 32)) weights.resize(task.nh * (nkeys + 32) + 256);
+                        attend_heads_bf16(int(task.nh), reinterpret_cast<const B*>(qp + rk.row * qs0 + task.head * qs1),
+                                          qs1, reinterpret_cast<const B*>(kc), reinterpret_cast<const B*>(vc), d, nkeys,
+                                          slots, scale, scratch.data(), weights.data(),
+                                          reinterpret_cast<B*>(op + rk.row * hq * d + task.head * d), d);
+                        continue;
+                    }
+                }
                 if (path == specdec::kOpsAvx512) {
                     attend_heads<B>(int(task.nh), reinterpret_cast<const B*>(qp + rk.row * qs0 + task.head * qs1),
                                     qs1, reinterpret_cast<const B*>(kc), reinterpret_cast<const B*>(vc), d, nkeys,

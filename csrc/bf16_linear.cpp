@@ -28,17 +28,9 @@
 #include "vec_math.h"
 
 #if defined(SPECDEC_HAVE_AVX512)
-#define SPECDEC_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-
 namespace {
 
-bool cpu_has_avx512_bf16() {   // asked on every call: answered once
-    static const bool has = [] {
-        __builtin_cpu_init();
-        return specdec::cpu_has_avx512f() && __builtin_cpu_supports("avx512bf16");
-    }();
-    return has;
-}
+using specdec::cpu_has_avx512_bf16;
 
 typedef int32_t __attribute__((may_alias, aligned(1))) i32u;
 

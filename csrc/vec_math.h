@@ -6,18 +6,28 @@
 
 namespace specdec {
 // Which path an op runs (the `impl` argument of silu_mul and ragged_attention): 0 the best this CPU has.
-enum OpsImpl { kOpsAuto = 0, kOpsScalar = 1, kOpsAvx512 = 2, kOpsAvx2 = 3 };
+// kOpsAvx512Bf16: ragged_attention only, bf16 caches on a CPU with AVX-512 BF16 (vdpbf16ps).
+enum OpsImpl { kOpsAuto = 0, kOpsScalar = 1, kOpsAvx512 = 2, kOpsAvx2 = 3, kOpsAvx512Bf16 = 4 };
 }  // namespace specdec
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define SPECDEC_HAVE_AVX512 1
 #define SPECDEC_AVX512F __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define SPECDEC_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 namespace specdec {
 
 bool cpu_has_avx512f();
 bool cpu_has_avx2();   // AVX2 + FMA + F16C (qlinear_avx2.cpp)
+
+inline bool cpu_has_avx512_bf16() {   // asked on every call: answered once
+    static const bool has = [] {
+        __builtin_cpu_init();
+        return cpu_has_avx512f() && __builtin_cpu_supports("avx512bf16");
+    }();
+    return has;
+}
 
 SPECDEC_AVX512F inline __m512 vload(const float* p) { return _mm512_loadu_ps(p); }
 SPECDEC_AVX512F inline __m512 vload(const uint16_t* p) {   // 16 bf16 -> fp32 (exact)

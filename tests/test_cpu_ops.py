@@ -146,6 +146,8 @@ def _decode_caches(dtype, cached, seed=30, layers=2, hkv=2, d=128, capacity=384)
 
 
 PATHS = cpu_ops.ops_paths()      # the compiled paths this CPU runs: scalar, and avx512 / avx2 where present
+# attention has one more where the CPU has AVX-512 BF16: its bf16 rows on vdpbf16ps (fp32 rows take the AVX-512 one)
+ATTN_PATHS = PATHS + (["avx512bf16"] if ext.has_avx512_bf16() else [])
 
 
 def test_ops_paths_follow_the_cpu():
@@ -158,7 +160,7 @@ def test_ops_paths_follow_the_cpu():
         ext.ops_path(7)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", ATTN_PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [128, 16, 24, 20])      # 24: AVX2's 8 lanes only; 20: no vector width, scalar
 def test_decode_rows_match_aten_attention(dtype, d, path):
@@ -175,7 +177,7 @@ def test_decode_rows_match_aten_attention(dtype, d, path):
     torch.testing.assert_close(outs[0], outs[1], **tol)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", ATTN_PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("window", [None, 37])
 def test_decode_rows_are_the_same_alone_or_verified_together(dtype, path, window):
@@ -197,7 +199,7 @@ def test_decode_rows_are_the_same_alone_or_verified_together(dtype, path, window
             assert torch.equal(alone, together[i:i + 1]), (cached, i)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", ATTN_PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_sliding_window_drops_the_keys_the_eager_mask_drops(dtype, path):
     """The compiled attention with a window (decode rows, a token tree's rows, prompt rows through ATen) against the
@@ -238,6 +240,23 @@ def test_silu_mul_matches_eager(dtype, inter, path):
     tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-2, rtol=2 ** -7)
     torch.testing.assert_close(fused, eager, **tol)
     assert torch.equal(cpu_ops.silu_mul(x[3:4].clone(), impl=path), fused[3:4])        # rows are independent
+
+
+@pytest.mark.skipif("avx512bf16" not in ATTN_PATHS, reason="this CPU lacks AVX-512 BF16 (vdpbf16ps)")
+def test_bf16_dot_attention_is_auto_and_within_a_bf16_rounding_of_the_fp32_walk():
+    """On an AVX-512 BF16 CPU auto attends bf16 rows with vdpbf16ps (its scores pair-wise, its weights rounded to
+    bf16): the output stays within a bf16 rounding or two of the fp32 walk's and of the scalar reference, over key
+    counts odd and even, in and past the 16-key blocks."""
+    hq, hkv, d, t = 12, 2, 128, 19
+    for cached in (0, 15, 62, 333):
+        q, k, v = (_rand(t, h, d, dtype=torch.bfloat16, seed=s + cached) for h, s in ((hq, 90), (hkv, 91), (hkv, 92)))
+        outs = {}
+        for p in ("auto", "avx512bf16", "avx512", "scalar"):
+            kv = _decode_caches(torch.bfloat16, cached)
+            outs[p] = cpu_ops.ragged_attention(q, k, v, causal_metadata([(kv, cached, t, True)], 6, 64), 0, impl=p)
+        assert torch.equal(outs["auto"], outs["avx512bf16"]) and not torch.equal(outs["avx512bf16"], outs["avx512"])
+        for p in ("avx512", "scalar"):
+            torch.testing.assert_close(outs["avx512bf16"], outs[p], atol=8e-3, rtol=2 ** -7)
 
 
 def test_vector_paths_agree_closely():
