@@ -38,7 +38,9 @@ def extensions():
          "csrc/qlinear_amx.cpp"],
         # -fopenmp: at::parallel_for is header code; without it the kernel runs on one thread.
         # -ffp-contract=off: the portable kernel must round exactly where the AVX-512 kernel does.
-        extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"],
+        # -g0: Python's own flags ask for debug info, a third of torch_ops.cpp's compile time (62 s -> 39 s on two
+        # Zen 4 cores) for nothing a user runs; symbols stay for perf.
+        extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-g0"],
         extra_link_args=["-fopenmp"],
     )
     class ParallelBuild(BuildExtension):
