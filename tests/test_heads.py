@@ -453,6 +453,16 @@ def test_replay_chain_accepts_while_guesses_match():
     assert replay_chain(tokens, 2, guess, 2, capped=True) == [(2, 2), (1, 0)]
 
 
+def test_chain_steps_count_runs_of_matches_as_greedy_chains():
+    from specdec.train.evaluate import chain_steps
+
+    # chains of 3: tokens 0-2 accepted (the target adds 3), then 4 (the target adds 5, a miss), then 6
+    assert chain_steps([True] * 5 + [False, True], 3) == (5, 3)
+    assert chain_steps([False] * 4, 2) == (0, 4)             # nothing accepted: one target token a step
+    assert chain_steps([True] * 8, 8) == (8, 1)
+    assert chain_steps([], 4) == (0, 0)
+
+
 def test_tree_guesses_follow_the_answer_while_the_tree_could_hold_it(monkeypatch):
     """evaluate --calibrate's pairs: a guess of step j counts where the answer's tokens of steps 0..j-1 were among
     their step's top-k, i.e. where a tree could have reached it."""

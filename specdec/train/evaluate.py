@@ -106,6 +106,19 @@ def replay_chain(tokens: torch.Tensor, prompt_len: int, guess: torch.Tensor, k: 
     return steps
 
 
+def chain_steps(match: list[bool], k: int) -> tuple[int, int]:
+    """(drafts accepted, chain steps) of greedy chains of k over an answer where match[i] says whether a proposer
+    reading the answer's first i tokens guesses its token i: each step accepts the run of matches (at most k), then
+    the target adds one token (the benchmark scripts' teacher-forced replays of a whole draft model)."""
+    p = steps = accepted = 0
+    while p < len(match):
+        a = 0
+        while a < k and p + a < len(match) and match[p + a]:
+            a += 1
+        steps, accepted, p = steps + 1, accepted + a, p + a + 1
+    return accepted, steps
+
+
 @torch.inference_mode()
 def acceptance(method: str, head, embed: torch.nn.Embedding, done: list[Answer], k: int,
                num_layers: int) -> Acceptance:

@@ -6,14 +6,10 @@
 set -euo pipefail
 OUT=$(realpath -m "$1")
 cd "$(dirname "$0")/../../.."
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-up() { for _ in $(seq 600); do curl -sf "$1/health" >/dev/null && return 0; sleep 1; done; exit 1; }
-mkdir -p "$OUT"
-.venv/bin/specdec serve --port 8071 > "$OUT/specdec-defaults.log" 2>&1 & pids+=($!)
-up http://127.0.0.1:8071
-.venv/bin/specdec serve --port 8073 --speculative-config '{"method": "none"}' > "$OUT/specdec-off.log" 2>&1 & pids+=($!)
-up http://127.0.0.1:8073
+source docs/benchmarks/servers.sh
+machine_txt
+specdec_up 8071 "$OUT/specdec-defaults.log"
+specdec_up 8073 "$OUT/specdec-off.log" --speculative-config '{"method": "none"}'
 .venv/bin/specdec bench serve --dataset "${DATASET:-builtin,long:8}" --max-tokens 128 --temperature 0 --concurrency 1 \
   --rounds 2 --endpoint http://127.0.0.1:8073 --label off --endpoint http://127.0.0.1:8071 --label defaults \
   --out "$OUT"

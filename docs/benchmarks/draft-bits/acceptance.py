@@ -27,6 +27,7 @@ from specdec.models.quantization.blocks import dequantize, quantize_blocks
 from specdec.models.quantization.gguf_blocks import codes_for_int4, dequantized
 from specdec.models.runner import Span, forward_spans
 from specdec.sampling_params import SamplingParams
+from specdec.train.evaluate import chain_steps
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 PROMPTS = "builtin,sharegpt:8,humaneval:8"
@@ -128,24 +129,12 @@ def answer_matches(model, d: dict) -> list[bool]:
     return [int(pred[start + i]) == t for i, t in enumerate(d["output"])]
 
 
-def chains(match: list[bool], k: int) -> tuple[int, int]:
-    """(accepted drafts, steps) of greedy chains of k over the answer: each step accepts the run of matches (at
-    most k), then the target adds one token."""
-    p = steps = accepted = 0
-    while p < len(match):
-        a = 0
-        while a < k and p + a < len(match) and match[p + a]:
-            a += 1
-        steps, accepted, p = steps + 1, accepted + a, p + a + 1
-    return accepted, steps
-
-
 def acceptance(model, data: list[dict]) -> dict[str, list[int]]:
     """category -> [matches, answer tokens, accepted drafts, steps] over greedy chains of K."""
     out: dict[str, list[int]] = {}
     for d in data:
         match = answer_matches(model, d)
-        accepted, steps = chains(match, K)
+        accepted, steps = chain_steps(match, K)
         c = out.setdefault(d["category"], [0, 0, 0, 0])
         for i, v in enumerate((sum(match), len(match), accepted, steps)):
             c[i] += v

@@ -7,17 +7,11 @@
 set -euo pipefail
 OUT=$(realpath -m "$1")
 cd "$(dirname "$0")/../../.."
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-up() { for _ in $(seq 600); do curl -sf "$1/health" >/dev/null && return 0; sleep 1; done; exit 1; }
-mkdir -p "$OUT"
-.venv/bin/specdec serve --port 8061 > "$OUT/specdec-mlp4.log" 2>&1 & pids+=($!)
-up http://127.0.0.1:8061
-.venv/bin/specdec serve --port 8062 --speculative-config '{"method": "auto", "draft_mlp_bits": 3}' \
-  > "$OUT/specdec-mlp3.log" 2>&1 & pids+=($!)
-up http://127.0.0.1:8062
-.venv/bin/specdec serve --port 8063 --speculative-config '{"method": "none"}' > "$OUT/specdec-off.log" 2>&1 & pids+=($!)
-up http://127.0.0.1:8063
+source docs/benchmarks/servers.sh
+machine_txt
+specdec_up 8061 "$OUT/specdec-mlp4.log"
+specdec_up 8062 "$OUT/specdec-mlp3.log" --speculative-config '{"method": "auto", "draft_mlp_bits": 3}'
+specdec_up 8063 "$OUT/specdec-off.log" --speculative-config '{"method": "none"}'
 .venv/bin/specdec bench serve --dataset "${DATASET:-builtin,long:8}" --max-tokens 128 --temperature 0 --concurrency 1 \
   --rounds 2 --endpoint http://127.0.0.1:8063 --label off --endpoint http://127.0.0.1:8061 --label auto-mlp4 \
   --endpoint http://127.0.0.1:8062 --label auto-mlp3 --out "$OUT"

@@ -20,6 +20,7 @@ import torch
 from specdec.bench.datasets import load_prompts
 from specdec.models.runner import Span, forward_spans
 from specdec.sampling_params import SamplingParams
+from specdec.train.evaluate import chain_steps
 
 PROMPTS = "long:8,builtin"
 OUT = Path("/tmp/draft-window-target-answers.json")
@@ -57,16 +58,6 @@ def answer_matches(model, prompt: list[int], output: list[int]) -> list[bool]:
     return [int(pred[start + i]) == t for i, t in enumerate(output)]
 
 
-def chains(match: list[bool], k: int) -> tuple[int, int]:
-    p = steps = accepted = 0
-    while p < len(match):
-        a = 0
-        while a < k and p + a < len(match) and match[p + a]:
-            a += 1
-        steps, accepted, p = steps + 1, accepted + a, p + a + 1
-    return accepted, steps
-
-
 def main(variants: list[str]) -> None:
     from specdec import LLM, SpeculativeConfig
 
@@ -79,7 +70,7 @@ def main(variants: list[str]) -> None:
         by: dict[str, list[int]] = {}
         for d in data:
             match = answer_matches(model, view(d["prompt"], v), d["output"])
-            accepted, steps = chains(match, K)
+            accepted, steps = chain_steps(match, K)
             c = by.setdefault(d["category"] + ("-long" if len(d["prompt"]) > 800 else ""), [0, 0, 0, 0])
             for i, x in enumerate((sum(match), len(match), accepted, steps)):
                 c[i] += x
