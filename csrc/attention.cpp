@@ -321,21 +321,12 @@ SPECDEC_AVX512BF16 void attend_heads_dp(const uint16_t* q, int64_t q_stride, con
         // the weights in bf16, in key order (a 32-bit word at an even key is the pair j, j + 1), and their sum
         uint16_t* wg = w + g * wstride;
         __m512 vsum = _mm512_setzero_ps();
-        int64_t i = 0;
-        for (; i + 16 <= nkeys; i += 16) {
-            const __m512 r = specdec::round_like(_mm512_loadu_ps(sg + i), wg);
-            vstore(wg + i, r);
+        for (int64_t i = 0; i < nkeys; i += 16) {
+            const __mmask16 m = nkeys - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (nkeys - i)) - 1);
+            const __m512 r = _mm512_maskz_mov_ps(m, specdec::round_like(_mm512_maskz_loadu_ps(m, sg + i), wg));
+            vstore(wg + i, r);   // lanes past the last key store 0 (within wstride): an odd last key's partner
             vsum = _mm512_add_ps(vsum, r);
         }
-        if (i < nkeys) {
-            const __mmask16 tail = __mmask16((1u << (nkeys - i)) - 1);
-            const __m512 r = _mm512_maskz_mov_ps(tail, specdec::round_like(_mm512_maskz_loadu_ps(tail, sg + i), wg));
-            alignas(64) uint16_t tmp[16];
-            vstore(tmp, r);
-            std::memcpy(wg + i, tmp, sizeof(uint16_t) * (nkeys - i));
-            vsum = _mm512_add_ps(vsum, r);
-        }
-        wg[nkeys] = 0;   // the partner of an odd last key
         inv[g] = 1.0f / _mm512_reduce_add_ps(vsum);
     }
     if (nq % 2 == 0 && G <= 6)
