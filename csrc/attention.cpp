@@ -19,11 +19,12 @@
 namespace {
 
 // Decode and verification rows (and, where a model's rows are exact, prompt rows too) attend with the kernels below
-// instead of ATen's: each (row, head) over exactly its keys 0..pos, in a fixed order, fp32 throughout. A row's
-// result therefore depends on its position only -- never on how many rows share the call or how the keys are
-// padded -- and a one-token step costs microseconds instead of ATen's ~100 us of per-call set-up per layer. The
-// AVX2 path takes the rows of a sequence in blocks that share every key's loads (attend_rows); AVX-512 and the
-// scalar path go row by row. Other prompt rows keep ATen's flash attention, in key-block runs.
+// instead of ATen's: each (row, head) over exactly its keys 0..pos, in a fixed order, fp32 throughout (on AVX-512
+// BF16 CPUs, bf16 rows weigh their values with bf16-rounded weights: attend_heads_dp). A row's result therefore
+// depends on its position only -- never on how many rows share the call or how the keys are padded -- and a
+// one-token step costs microseconds instead of ATen's ~100 us of per-call set-up per layer. The AVX2 path takes the
+// rows of a sequence in blocks that share every key's loads (attend_rows); AVX-512 (both walks) and the scalar path
+// go row by row. Other prompt rows keep ATen's flash attention, in key-block runs.
 
 // Which cache slot a row's j-th key is in: keys 0..nprefix-1 are slots 0..nprefix-1; a token-tree row's further
 // keys are its path's slots (its ancestors in the tree, then itself), in depth order. A chain row has no path
