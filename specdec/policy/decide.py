@@ -246,7 +246,9 @@ class StepController:
 
     def lookup_alpha_for(self, n: int, length: int) -> float:
         """Effective α of a lookup guess of `length` tokens from a match of length n: this request's record for
-        that match length, with the pool's record (or the prior α) as a prior."""
+        that match length, with the pool's record (or the prior α) as a prior. The prior α stands for guesses as
+        deep as this request's own were tested (the guess's length before any): priced at 8 tokens against own
+        guesses tested 2 deep, an α of 0.3 reads as 0.86 rejected tokens a guess and drowns the own record's."""
         b = self.bucket(n)
         own = self.by_n.get(b, [0, 0, 0])
         prior = self.lookup_prior.get(b)
@@ -255,8 +257,9 @@ class StepController:
             scale = min(1.0, w / prior[0])
             pp, pd, pa = (x * scale for x in prior)
         else:
-            pd = w * length
-            pp, pa = w, w * (expected_tokens(self.lookup_alpha, length) - 1)
+            depth = max(1, round(own[1] / own[0])) if own[0] else length
+            pd = w * depth
+            pp, pa = w, w * (expected_tokens(self.lookup_alpha, depth) - 1)
         props, proposed, accepted = own[0] + pp, own[1] + pd, own[2] + pa
         return effective_alpha(1 + accepted / props, max(1, round(proposed / props)))
 
@@ -302,16 +305,22 @@ class StepController:
         against the tokens the target committed."""
         source, n, guess = self._last
         self._last = (MODEL, 0, [])
+        # the record counts the guess's tokens that were put to the test, not the whole guess: a guess verified
+        # 2 tokens deep (or shadowed by a draft step that committed 2) says nothing of its 3rd..8th tokens, and
+        # charging them as rejected kept lookup's α under 0.6 on summaries where every guess held, so the plan
+        # kept verifying 1-2 tokens a step (docs/benchmarks/lookup-depth)
         if source == LOOKUP:
-            matched = num_accepted
+            tested, matched = num_draft, num_accepted
         else:   # how the guess would have fared: its agreement with what the target committed
-            matched = next((j for j, (g, e) in enumerate(zip(guess, emitted)) if g != e), min(len(guess), len(emitted)))
-        self.observe(source, num_draft, num_accepted, n, len(guess), matched)
+            tested = min(len(guess), len(emitted))
+            matched = next((j for j, (g, e) in enumerate(zip(guess, emitted)) if g != e), tested)
+        self.observe(source, num_draft, num_accepted, n, tested, matched)
 
     def observe(self, source: str, num_draft: int, num_accepted: int, n: int = 0, lookup_len: int = 0,
                 lookup_matched: int = 0) -> None:
-        """After verification: what was verified (source, sizes) and how the lookup guess fared (matched =
-        accepted when it was verified; its agreement with the committed tokens when it was not)."""
+        """After verification: what was verified (source, sizes) and how the lookup guess fared: `lookup_len` of
+        its tokens were tested (verified, or compared with the committed tokens when it was not verified), the
+        first `lookup_matched` of them held."""
         self.lookup_evaluated += 1
         if lookup_len:
             rec = self.by_n.setdefault(self.bucket(n), [0.0, 0.0, 0.0])

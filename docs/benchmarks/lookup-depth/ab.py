@@ -1,0 +1,126 @@
+"""`auto` with prompt lookup's record as it was (every guess charged for all its tokens) and as it is (charged
+for the tokens put to the test), beside speculation off, fixed prompt lookup and the fixed draft, in one `LLM`,
+interleaved: each prompt runs every variant (the order rotated per prompt) before the next prompt, ROUNDS times.
+The two auto variants keep separate pools, so each learns only from its own requests, and every (variant, round)
+its own suffix pools (`cache_salt`): suffix decoding sees the answers a server running that variant would have
+given before, never another variant's answer to the same prompt. Greedy, 128 tokens, the shipped heads loaded as
+`specdec serve` loads them, each request started on an idle machine.
+
+    python docs/benchmarks/lookup-depth/ab.py OUT_DIR [ROUNDS] [PROMPTS]
+"""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from specdec import LLM, SamplingParams
+from specdec.bench.datasets import load_prompts
+from specdec.bench.idle import wait_until_idle
+from specdec.config import SpeculativeConfig
+from specdec.policy.cost_model import expected_tokens
+from specdec.policy.decide import LOOKUP, MODEL, StepController, effective_alpha
+
+
+def _observe_step_before(self, num_draft, num_accepted, emitted):
+    source, n, guess = self._last
+    self._last = (MODEL, 0, [])
+    if source == LOOKUP:
+        matched = num_accepted
+    else:
+        matched = next((j for j, (g, e) in enumerate(zip(guess, emitted)) if g != e), min(len(guess), len(emitted)))
+    self.observe(source, num_draft, num_accepted, n, len(guess), matched)
+
+
+def _lookup_alpha_before(self, n, length):
+    b = self.bucket(n)
+    own = self.by_n.get(b, [0, 0, 0])
+    prior = self.lookup_prior.get(b)
+    w = self.lookup_prior_weight
+    if prior and prior[0]:
+        scale = min(1.0, w / prior[0])
+        pp, pd, pa = (x * scale for x in prior)
+    else:
+        pd = w * length
+        pp, pa = w, w * (expected_tokens(self.lookup_alpha, length) - 1)
+    props, proposed, accepted = own[0] + pp, own[1] + pd, own[2] + pa
+    return effective_alpha(1 + accepted / props, max(1, round(proposed / props)))
+
+
+AFTER = (StepController.observe_step, StepController.lookup_alpha_for)
+BEFORE = (_observe_step_before, _lookup_alpha_before)
+VARIANTS = ["none", "ngram", "draft", "auto-before", "auto-after"]
+
+
+def run(llm, ids, variant, params, salt="warm"):
+    if variant.startswith("auto"):
+        StepController.observe_step, StepController.lookup_alpha_for = BEFORE if variant == "auto-before" else AFTER
+        spec, pool = SpeculativeConfig(method="auto"), variant
+    else:
+        spec, pool = SpeculativeConfig(method=variant, num_speculative_tokens=4) if variant != "none" else \
+            SpeculativeConfig(method="none"), "default"
+    wait_until_idle()
+    out = llm.generate(ids, params, spec=spec, pool=pool, cache_salt=f"{variant}-{salt}")[0]
+    StepController.observe_step, StepController.lookup_alpha_for = AFTER
+    s = out.stats
+    n = len(out.token_ids)
+    return {"tokens": n, "ttft_s": s.ttft_s, "e2e_s": s.e2e_s,
+            "decode_tok_s": (n - 1) / (s.e2e_s - s.ttft_s) if n > 1 and s.e2e_s > s.ttft_s else None,
+            "text": out.text}
+
+
+def main(out_dir: str, rounds: int, source: str) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = load_prompts(source)
+    llm = LLM(speculative=SpeculativeConfig(method="auto"), enable_prefix_caching=False, progress=False)
+    llm.policy()
+    ids = [llm.encode(p["messages"]) for p in prompts]
+    warm = SamplingParams(max_tokens=4, temperature=0.0)
+    for v in ("none", "ngram", "draft"):
+        run(llm, ids[0], v, warm)
+    params = SamplingParams(max_tokens=128, temperature=0.0)
+    rows = []
+    for r in range(rounds):
+        for i, (p, pid) in enumerate(zip(prompts, ids)):
+            shift = (i + r) % len(VARIANTS)
+            for v in VARIANTS[shift:] + VARIANTS[:shift]:
+                row = {"round": r + 1, "prompt": i, "category": p["category"], "variant": v,
+                       **run(llm, pid, v, params, f"r{r + 1}")}
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "text"}), flush=True)
+    (out / "results.json").write_text(json.dumps({"source": source, "rounds": rounds, "rows": rows}, indent=1))
+    (out / "report.md").write_text(report(rows))
+    print(report(rows))
+
+
+def table(rows, key, better) -> list[str]:
+    """Median over requests of `better(variant's key, speculation off's key)` (same prompt, same round)."""
+    cats = list(dict.fromkeys(r["category"] for r in rows))
+    base = {(r["round"], r["prompt"]): r[key] for r in rows if r["variant"] == "none"}
+    lines = ["| category (requests) | " + " | ".join(VARIANTS[1:]) + " | after / before | after / best fixed |",
+             "|---|" + "---|" * (len(VARIANTS) + 1)]
+    for c in cats + ["all"]:
+        s = {v: statistics.median(better(r[key], base[r["round"], r["prompt"]]) for r in rows
+                                  if r["variant"] == v and c in ("all", r["category"])) for v in VARIANTS}
+        n = sum(1 for r in rows if r["variant"] == "none" and c in ("all", r["category"]))
+        best = max(s["ngram"], s["draft"])
+        lines.append(f"| {c} ({n}) | " + " | ".join(f"{s[v]:.2f}x" for v in VARIANTS[1:]) +
+                     f" | {s['auto-after'] / s['auto-before']:.2f} | {s['auto-after'] / best:.2f} |")
+    return lines
+
+
+def report(rows) -> str:
+    same = sum(1 for r in rows if r["variant"] != "none" and r["text"] == next(
+        x["text"] for x in rows if x["variant"] == "none" and x["prompt"] == r["prompt"] and x["round"] == r["round"]))
+    out = ["Decode speed (tokens after the first over the time after the first), over speculation off's:", ""]
+    out += table(rows, "decode_tok_s", lambda x, b: x / b)
+    out += ["", "End to end (speculation off's request time over the variant's: a draft's prompt read counts "
+            "wherever it is paid):", ""]
+    out += table(rows, "e2e_s", lambda x, b: b / x)
+    out += ["", f"Text identical to speculation off: {same} of {sum(1 for r in rows if r['variant'] != 'none')}."]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2,
+         sys.argv[3] if len(sys.argv) > 3 else "builtin,long:8")
