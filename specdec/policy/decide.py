@@ -247,8 +247,8 @@ class StepController:
     def lookup_alpha_for(self, n: int, length: int) -> float:
         """Effective α of a lookup guess of `length` tokens from a match of length n: this request's record for
         that match length, with the pool's record (or the prior α) as a prior. The prior α stands for guesses as
-        deep as this request's own were tested (the guess's length before any): priced at 8 tokens against own
-        guesses tested 2 deep, an α of 0.3 reads as 0.86 rejected tokens a guess and drowns the own record's."""
+        deep as this request's own were tested (the guess's length before any): priced at 8 tokens a guess, its 2
+        guesses at α 0.3 would add 16 tested tokens of which 0.86 held, and outweigh own guesses tested 2 deep."""
         b = self.bucket(n)
         own = self.by_n.get(b, [0, 0, 0])
         prior = self.lookup_prior.get(b)
@@ -307,7 +307,7 @@ class StepController:
         self._last = (MODEL, 0, [])
         # the record counts the guess's tokens that were put to the test, not the whole guess: a guess verified
         # 2 tokens deep (or shadowed by a draft step that committed 2) says nothing of its 3rd..8th tokens, and
-        # charging them as rejected kept lookup's α under 0.6 on summaries where every guess held, so the plan
+        # charging them as rejected kept lookup's α under 0.6 on summaries where nearly every guess held, so the plan
         # kept verifying 1-2 tokens a step (docs/benchmarks/lookup-depth)
         if source == LOOKUP:
             tested, matched = num_draft, num_accepted

@@ -56,8 +56,8 @@ def run(llm, ids, variant, params, salt="warm"):
         StepController.observe_step, StepController.lookup_alpha_for = BEFORE if variant == "auto-before" else AFTER
         spec, pool = SpeculativeConfig(method="auto"), variant
     else:
-        spec, pool = SpeculativeConfig(method=variant, num_speculative_tokens=4) if variant != "none" else \
-            SpeculativeConfig(method="none"), "default"
+        spec = SpeculativeConfig(method=variant, num_speculative_tokens=4 if variant != "none" else None)
+        pool = "default"
     wait_until_idle()
     out = llm.generate(ids, params, spec=spec, pool=pool, cache_salt=f"{variant}-{salt}")[0]
     StepController.observe_step, StepController.lookup_alpha_for = AFTER
