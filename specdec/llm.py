@@ -153,8 +153,10 @@ class LLM:
     def row_cost(self, n: int, context: int = 0) -> float:
         """V(n) after `context` tokens: a target forward over n rows relative to one, from the cost model (measured
         once per machine and cached; the policy's when it has one)."""
+        if self._policy is not None:
+            return self._policy.cost.at(context).V(n)     # as the policy's clock re-prices it
         if self._rows is None:
-            self._rows = self._policy.cost if self._policy is not None else self.cost_model(get_method(AUTO).default_k)
+            self._rows = self.cost_model(get_method(AUTO).default_k)
         return self._rows.at(context).V(n)
 
     def cost_model(self, k_max: int) -> CostModel:

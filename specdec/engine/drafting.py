@@ -60,6 +60,11 @@ class Drafting:
             self._policy = self._policy_factory()
         return self._policy
 
+    def observe_forward(self, rows: int, context: int, seconds: float) -> None:
+        """A decode step's forward, timed: the policy's clock (only once auto has a policy)."""
+        if self._policy is not None:
+            self._policy.observe_forward(rows, context, seconds)
+
     def runs(self, name: str) -> bool:
         """Whether this engine can draft with a method: its proposer is loaded (for a combining method, its model
         proposer's)."""

@@ -255,6 +255,9 @@ class LLMEngine:
             plans = self.drafting.propose(decodes, batch.num_rows)                  # 2. propose
             t1 = time.perf_counter()
             run = self.runner.execute(decodes, [p.draft for p in plans], prefills, self.drafting.reader)   # 3. execute
+            if decodes and not prefills:       # how long rows take now: auto re-prices its cost model by it
+                self.drafting.observe_forward(run.num_rows, max(s.num_computed for s in decodes),
+                                              time.perf_counter() - t1)
             self.drafting.read_prompts(prefills)
         except Exception as exc:  # noqa: BLE001 - the step's requests fail; the engine goes on
             return [self._fail(s, exc) for s in [*decodes, *(s for s, _ in prefills)]]

@@ -106,6 +106,25 @@ class CostModel:
                    float(d.get("draft_prefill_s", 0.0)),
                    [[int(n), float(x)] for n, x in d.get("draft_read", [])])
 
+    def slower(self, ratio: float) -> CostModel:
+        """This model on the machine as it runs now, its plain step `ratio` times as long as when measured (a
+        one-row step streams the weights from memory, and a neighbour's load or the machine's drift moves it by
+        20-40% hour to hour on a shared host) while the work of the rows past the first, compute on weights
+        already streamed, takes the seconds it took: V(n) = 1 + (V(n) − 1) / ratio, and a lookup's or a head's
+        time (CPU work on small data) shrinks the same way in step units. The draft's step is a one-row stream
+        too, so c stays. policy/clock.py estimates the ratio from the engine's own steps."""
+        if ratio == 1.0:
+            return self
+
+        def rows(v: list[float]) -> list[float]:
+            return [1.0 + (x - 1.0) / ratio for x in v]
+        return CostModel(self.draft_step, rows(self.verify), [[n, 1.0 + (x - 1.0) / ratio] for n, x in self.verify_large],
+                         self.lookup / ratio, self.target_step_s * ratio, self.source,
+                         {m: [x / ratio for x in c] for m, c in self.heads.items()}, self.context,
+                         [{**b, "verify": rows(b["verify"]), "target_step_s": b["target_step_s"] * ratio}
+                          for b in self.by_context],
+                         self.draft_prefill_s, self.draft_read)
+
     def contexts(self) -> list[int]:
         """The contexts measured, ascending."""
         return [self.context] + [int(b["context"]) for b in self.by_context]

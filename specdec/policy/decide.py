@@ -41,12 +41,17 @@ class PolicyConfig:
     # pool observed as its drafts offer more slots (k per verification), so one short first try on an odd prompt
     # (a draft abandoned after three steps) neither rules a method out nor turns the pool off
     prior_tokens: int = 8
+    # decode steps whose timing re-prices the cost model's rows as the machine runs now (policy/clock.py); 0 keeps
+    # the model as measured
+    clock_window: int = 64
 
     def __post_init__(self):
         if not K_MIN <= self.k_max <= K_MAX:
             raise ValueError(f"k_max must be in {K_MIN}..{K_MAX}, got {self.k_max}")
         if not 0 <= self.probe_fraction <= 1:
             raise ValueError(f"probe_fraction must be in [0, 1], got {self.probe_fraction}")
+        if self.clock_window < 0:
+            raise ValueError(f"clock_window must be >= 0, got {self.clock_window}")
         if not 0 <= self.min_acceptance < 1:
             raise ValueError(f"min_acceptance must be in [0, 1), got {self.min_acceptance}")
 

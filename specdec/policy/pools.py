@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..config import PLAIN
 from ..proposers.registry import get_method, lookup_method
+from .clock import StepClock
 from .cost_model import CostModel, prompt_read
 from .decide import (
     Decision,
@@ -166,8 +167,9 @@ class SpeculationPolicy:
     def __init__(self, cost: CostModel, cfg: PolicyConfig | None = None,
                  available: tuple[str, ...] | None = None,
                  on_pool_change=None, max_context: dict[str, int] | None = None):
-        self.cost = cost
+        self.cost = cost                      # as the machine runs now: the measured one re-priced by the clock
         self.cfg = cfg or PolicyConfig()
+        self.clock = StepClock(cost, self.cfg.clock_window) if self.cfg.clock_window else None
         self.available = available or default_candidates()
         self.max_context = dict(max_context or {})     # method -> the longest prompt it is weighed for
         self.pools: dict[str, Pool] = {}
@@ -180,6 +182,14 @@ class SpeculationPolicy:
             self._on_pool_change = on_pool_change
             for p in self.pools.values():
                 on_pool_change(p.name, p.enabled)
+
+    def observe_forward(self, rows: int, context: int, seconds: float) -> None:
+        """A decode step's target forward as the engine timed it (rows after `context` tokens): the clock's
+        evidence; requests decided after the model is re-priced see the new one."""
+        if self.clock is not None:
+            cost = self.clock.observe(rows, context, seconds)
+            if cost is not None:
+                self.cost = cost
 
     def pool(self, name: str) -> Pool:
         with self._lock:
@@ -325,4 +335,6 @@ class SpeculationPolicy:
         with self._lock:
             pools = [p.status(self.cfg.prior_alpha, self.cfg.prior_tokens) for p in self.pools.values()]
         return {"cost_model": self.cost.to_dict(),
+                "measured_cost_model": self.clock.measured.to_dict() if self.clock is not None else None,
+                "clock": self.clock.status() if self.clock is not None else None,
                 "config": {k: v for k, v in vars(self.cfg).items()}, "pools": pools}

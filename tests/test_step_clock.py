@@ -1,0 +1,89 @@
+"""auto's cost model re-priced by the engine's own step times (policy/clock.py)."""
+import pytest
+
+from specdec.policy import CostModel, PolicyConfig
+from specdec.policy.clock import StepClock
+from specdec.policy.cost_model import best_k, expected_speedup
+from specdec.policy.pools import SpeculationPolicy
+
+# as measured on a Zen 4 machine in a fast hour: a 23 ms plain step, each further row ~0.1-0.2 of it
+ZEN4 = CostModel(draft_step=0.32, verify=[1.0, 1.14, 1.25, 1.47, 1.68, 1.77, 1.96, 2.16, 2.5], lookup=0.005,
+                 target_step_s=0.023, heads={"eagle3": [0.08, 0.04]}, context=256,
+                 by_context=[{"context": 1024, "verify": [1.0, 1.2, 1.33, 1.55, 1.8], "draft_step": 0.33,
+                              "target_step_s": 0.025}])
+
+
+def test_a_slower_plain_step_makes_rows_cheaper_not_the_draft():
+    slow = ZEN4.slower(1.4)
+    for n in (2, 5, 9, 12):
+        assert slow.V(n) == pytest.approx(1 + (ZEN4.V(n) - 1) / 1.4)
+    assert slow.at(1024).V(5) == pytest.approx(1 + 0.8 / 1.4)
+    assert slow.target_step_s == pytest.approx(0.023 * 1.4) and slow.at(1024).target_step_s == pytest.approx(0.035)
+    assert slow.draft_step == ZEN4.draft_step and slow.at(1024).draft_step == pytest.approx(0.33)
+    assert slow.heads["eagle3"] == pytest.approx([0.08 / 1.4, 0.04 / 1.4]) and slow.lookup == pytest.approx(0.005 / 1.4)
+    assert ZEN4.slower(1.0) is ZEN4
+    # what it changes: with plain steps 40% slower, a chain of 4 drafts costs less of a step, and pays 7% more
+    assert expected_speedup("draft", 0.85, 4, slow) > 1.05 * expected_speedup("draft", 0.85, 4, ZEN4)
+    assert best_k("eagle3", 0.9, slow, 8)[0] > best_k("eagle3", 0.9, ZEN4, 8)[0]
+
+
+def _step_s(plain_s: float, rows: int, context: int, noise: float = 0.0) -> float:
+    ref = ZEN4.at(context)
+    return plain_s * (1 + noise) + ref.target_step_s * (ref.V(rows) - 1)
+
+
+def test_the_clock_reads_the_plain_step_from_steps_of_any_width():
+    clock = StepClock(ZEN4, window=32, every=8)
+    got = []
+    for i in range(48):        # plain steps 30% slower than measured; the extra rows as measured; +-2% noise
+        rows, context = (1, 3, 5, 4)[i % 4], 256 + 10 * i
+        got.append(clock.observe(rows, context, _step_s(0.0299 * (1 + 0.1 * context / 1024), rows, context,
+                                                        (-0.02, 0.0, 0.02)[i % 3])))
+    new = [c for c in got if c is not None]
+    assert len(new) == 1 and got.index(new[0]) == 15       # once half the window is in, then only on a change
+    assert clock.ratio == pytest.approx(1.3, abs=0.03)
+    assert new[0].V(5) == pytest.approx(1 + 0.68 / clock.ratio)
+    # a stall (a step 10x as long) is not a drift: not counted
+    assert clock.observe(1, 256, 0.3) is None and clock.steps == 48
+    # the machine recovers: the model comes back to the measured one
+    for i in range(64):
+        c = clock.observe(5, 256, _step_s(0.023, 5, 256))
+        if c is not None:
+            last = c
+    assert clock.ratio == pytest.approx(1.0) and last.V(5) == pytest.approx(1.68)
+
+
+def test_the_policy_prices_new_requests_with_the_clock_and_can_be_told_not_to():
+    policy = SpeculationPolicy(ZEN4, PolicyConfig(clock_window=16))
+    for _ in range(16):
+        policy.observe_forward(1, 256, 0.023 * 1.5)
+    assert policy.cost.V(5) == pytest.approx(1 + 0.68 / 1.5)
+    status = policy.status()
+    assert status["clock"]["plain_step_ratio"] == pytest.approx(1.5) and status["measured_cost_model"]["verify"][4] == 1.68
+    fixed = SpeculationPolicy(ZEN4, PolicyConfig(clock_window=0))
+    fixed.observe_forward(1, 256, 0.023 * 1.5)
+    assert fixed.cost is ZEN4 and fixed.status()["clock"] is None
+    with pytest.raises(ValueError, match="clock_window"):
+        PolicyConfig(clock_window=-1)
+
+
+def test_the_engine_times_each_decode_steps_forward_for_the_policy(tiny_dirs, monkeypatch):
+    """Decode steps only (a prompt chunk's forward is another shape of work), with the rows the step verified."""
+    from specdec import LLM, SamplingParams, SpeculativeConfig
+
+    llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
+              speculative=SpeculativeConfig(method="auto"), progress=False)
+    policy = llm.policy(PolicyConfig(), CostModel(draft_step=0.1, verify=[1.0] * 9, target_step_s=0.01),
+                        available=("draft",))
+    seen = []
+    monkeypatch.setattr(policy, "observe_forward", lambda rows, context, s: seen.append((rows, context, s)))
+    ids = llm.encode("def add(a, b):")
+    out = llm.generate(ids, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), spec="auto")[0]
+    st = out.stats
+    assert len(seen) == st.target_forwards                     # every decode forward, none of the prompt
+    assert sum(r for r, _, _ in seen) == len(seen) + st.draft_tokens
+    assert [c for _, c, _ in seen] == sorted(c for _, c, _ in seen) and seen[0][1] == len(ids)
+    assert all(s > 0 for _, _, s in seen)
+    # token trees are sized by the re-priced rows too
+    policy.cost = ZEN4.slower(2.0)
+    assert llm.row_cost(5) == pytest.approx(1.34)
