@@ -20,7 +20,8 @@ def test_a_slower_plain_step_makes_rows_cheaper_not_the_draft():
     assert slow.at(1024).V(5) == pytest.approx(1 + 0.8 / 1.4)
     assert slow.target_step_s == pytest.approx(0.023 * 1.4) and slow.at(1024).target_step_s == pytest.approx(0.035)
     assert slow.draft_step == ZEN4.draft_step and slow.at(1024).draft_step == pytest.approx(0.33)
-    assert slow.heads["eagle3"] == pytest.approx([0.08 / 1.4, 0.04 / 1.4]) and slow.lookup == pytest.approx(0.005 / 1.4)
+    assert slow.heads["eagle3"] == pytest.approx([0.08 / 1.4, 0.04 / 1.4])
+    assert slow.lookup == pytest.approx(0.005 / 1.4)
     assert ZEN4.slower(1.0) is ZEN4
     # what it changes: with plain steps 40% slower, a chain of 4 drafts costs less of a step, and pays 7% more
     assert expected_speedup("draft", 0.85, 4, slow) > 1.05 * expected_speedup("draft", 0.85, 4, ZEN4)
@@ -46,7 +47,7 @@ def test_the_clock_reads_the_plain_step_from_steps_of_any_width():
     # a stall (a step 10x as long) is not a drift: not counted
     assert clock.observe(1, 256, 0.3) is None and clock.steps == 48
     # the machine recovers: the model comes back to the measured one
-    for i in range(64):
+    for _ in range(64):
         c = clock.observe(5, 256, _step_s(0.023, 5, 256))
         if c is not None:
             last = c
@@ -59,7 +60,8 @@ def test_the_policy_prices_new_requests_with_the_clock_and_can_be_told_not_to():
         policy.observe_forward(1, 256, 0.023 * 1.5)
     assert policy.cost.V(5) == pytest.approx(1 + 0.68 / 1.5)
     status = policy.status()
-    assert status["clock"]["plain_step_ratio"] == pytest.approx(1.5) and status["measured_cost_model"]["verify"][4] == 1.68
+    assert status["clock"]["plain_step_ratio"] == pytest.approx(1.5)
+    assert status["measured_cost_model"]["verify"][4] == 1.68
     fixed = SpeculationPolicy(ZEN4, PolicyConfig(clock_window=0))
     fixed.observe_forward(1, 256, 0.023 * 1.5)
     assert fixed.cost is ZEN4 and fixed.status()["clock"] is None

@@ -118,7 +118,8 @@ class CostModel:
 
         def rows(v: list[float]) -> list[float]:
             return [1.0 + (x - 1.0) / ratio for x in v]
-        return CostModel(self.draft_step, rows(self.verify), [[n, 1.0 + (x - 1.0) / ratio] for n, x in self.verify_large],
+        return CostModel(self.draft_step, rows(self.verify),
+                         [[n, 1.0 + (x - 1.0) / ratio] for n, x in self.verify_large],
                          self.lookup / ratio, self.target_step_s * ratio, self.source,
                          {m: [x / ratio for x in c] for m, c in self.heads.items()}, self.context,
                          [{**b, "verify": rows(b["verify"]), "target_step_s": b["target_step_s"] * ratio}
