@@ -650,3 +650,98 @@ def test_the_draft_is_not_chosen_when_reading_a_long_prompt_costs_more_than_it_s
     policy = SpeculationPolicy(cm, PolicyConfig(), ("ngram", "draft"))
     d = policy.decide("r1", "chat", RequestFeatures(max_tokens=128, context=2500))
     assert d.method != "draft"                   # not explored either: it cannot pay for this prompt
+
+
+def test_a_heads_request_moves_to_the_draft_where_the_heads_own_record_falls_short():
+    """One pool holds every prompt: a head's pooled α can be far from what it does on one request. After a few of
+    its own steps, a request whose head is expected to do worse than the draft model (at the draft's pool α, its
+    read of the context paid) moves to the draft, once; the head's record goes to the pool beside the draft's."""
+    cost = CostModel(draft_step=0.3, verify=[1.0] * 9, lookup=0.01, heads={"eagle3": [0.05, 0.05]},
+                     target_step_s=0.03)
+
+    def controller(**kw):
+        kw = {"fallback": ("draft", 0.8), "prompt_len": 50, "max_tokens": 128, **kw}
+        return StepController("eagle3", 4, 0.7, cost, PolicyConfig(), **kw)
+
+    bad = controller()
+    for step in range(4):
+        assert bad.model == "eagle3"
+        source, k, _ = bad.choose_step([0] * (50 + step), 8, None, None)
+        bad.observe_step(k, 0, [1])                  # nothing accepted
+    assert bad.model == "draft" and bad.k > 0 and bad.fallback is None and bad.steps == 0
+    (model, drafted, accepted, steps), = bad.retired
+    assert (model, accepted, steps) == ("eagle3", 0, 4) and drafted >= 4
+    assert bad.switched.startswith("eagle3 after 4 steps") and bad.switched.endswith("moved to draft")
+    good = controller()
+    for step in range(8):
+        source, k, _ = good.choose_step([0] * (50 + step), 8, None, None)
+        good.observe_step(k, k, [1] * (k + 1))      # every draft accepted
+    assert good.model == "eagle3" and not good.retired
+    # near the end of the request, or where the draft's read of the context costs more than it would save: stay
+    late = controller(max_tokens=60)
+    for step in range(4):
+        _, k, _ = late.choose_step([0] * (100 + step), 8, None, None)     # 50 of 60 tokens generated
+        late.observe_step(k, 0, [1])
+    assert late.model == "eagle3" and late.fallback is None
+    slow_read = dataclasses.replace(cost, draft_prefill_s=0.01)    # 10 ms a token: 1.5 s for the context
+    costly = StepController("eagle3", 4, 0.7, slow_read, PolicyConfig(), fallback=("draft", 0.8), prompt_len=150,
+                            max_tokens=128)
+    for step in range(4):
+        _, k, _ = costly.choose_step([0] * (150 + step), 8, None, None)
+        costly.observe_step(k, 0, [1])
+    assert costly.model == "eagle3"
+    # prompt lookup (or suffix decoding) running alone: its guesses fail, and the draft takes over; guesses that hold
+    # keep it
+    copy = list(range(100, 108))
+    for held, moves in ((0, True), (8, False)):
+        alone = StepController("ngram", 0, 0.5, cost, PolicyConfig(), guesser=lambda ids, room, c: (3, copy[:room]),
+                               fallback=("draft", 0.8), prompt_len=50, max_tokens=128)
+        for step in range(8):
+            source, k, guess = alone.choose_step([0] * (50 + step), 8, None, None)
+            alone.observe_step(k, min(k, held), (guess or [])[:held] + [7])
+        assert (alone.model, alone.k > 0, not alone.retired) == ("draft", moves, True), alone.switched
+        assert alone.switched.startswith("lookup alone after 8 steps") == moves
+    # a request that chose the draft has nothing to move to
+    assert StepController("draft", 4, 0.7, cost, PolicyConfig(), fallback=("draft", 0.8)).fallback is None
+    # the pool hears of both
+    policy = SpeculationPolicy(cost, PolicyConfig(), ("ngram", "draft", "eagle3"))
+    from specdec.policy.decide import Decision
+    policy.record("p", Decision("eagle3", 4, 2.0, "test", 0.7), 0.0, _Stats(drafted=20, accepted=5, steps=8), bad)
+    assert policy.pool("p").count("eagle3") == 1 and policy.pool("p").count("draft") == 0
+    bad.observe_step(3, 3, [1, 1, 1, 1])
+    policy.record("p", Decision("eagle3", 4, 2.0, "test", 0.7), 0.0, _Stats(drafted=20, accepted=5, steps=8), bad)
+    assert policy.pool("p").count("eagle3") == 2 and policy.pool("p").count("draft") == 1
+
+
+def test_auto_moves_a_request_from_a_useless_head_to_the_draft_with_parity(tiny_dirs, tmp_path, monkeypatch):
+    """End to end: a random head is chosen on its prior, fails its first steps, and the request finishes with the
+    draft model (here the target itself: every draft accepted), which reads the context when first asked; the text
+    stays the target's greedy output and the reason says what happened."""
+    from test_heads import _eagle3
+
+    from specdec import LLM, SamplingParams, SpeculativeConfig
+    from specdec.models.heads import save_head, target_fingerprint
+    from specdec.models.kv_manager import KVManager
+    from specdec.proposers import DraftModelProposer
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    probe = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
+    save_head(_eagle3(probe.target.model), "eagle3", tmp_path / "e3",
+              {"specdec_target_fingerprint": target_fingerprint(probe.target.model), "specdec_trained_context": 512})
+    llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
+              progress=False, speculative=SpeculativeConfig(method="auto"), heads={"eagle3": str(tmp_path / "e3")})
+    llm.engine.proposers["draft"] = DraftModelProposer(llm.target.model, llm.tokenizer.vocab_size,
+                                                       KVManager(llm.target.model, 4096))
+    cost = CostModel(draft_step=0.3, verify=[1.0] * 9, heads={"eagle3": [0.05, 0.05]})
+    llm.policy(PolicyConfig(prior_alpha={"eagle3": 0.7, "draft": 0.8, "ngram": 0.0}, min_acceptance=0.0), cost,
+               available=("ngram", "draft", "eagle3"))
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    ids = llm.encode("def add(a, b):")
+    plain = llm.generate(ids, params, spec="none")[0].token_ids
+    out = llm.generate(ids, params, spec="auto", pool="p", request_id="a0")[0]
+    assert out.token_ids == plain
+    st = out.stats
+    assert st.method == "eagle3" and "eagle3 after" in st.policy_reason and "moved to draft" in st.policy_reason
+    pool = llm.policy().pool("p")
+    assert pool.count("eagle3") == 1 and pool.count("draft") == 1
+    assert st.accepted_tokens >= st.draft_tokens // 2         # the draft's steps (the target itself) all held

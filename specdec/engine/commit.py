@@ -60,10 +60,12 @@ class Committer:
             self.kv.compact(seq.seq_id, start, kept)
             logits = logits[torch.tensor(kept, device=logits.device)]
         committed = self._tokens(seq, plan, num_accepted, emitted, times)
-        if plan is not None and hidden is not None and not seq.finished:
+        # asked after the step's observations: a request that just moved from its head to the draft model has none
+        reader = self.reader(seq) if plan is not None and hidden is not None and not seq.finished else None
+        if reader is not None:
             # the newest token and the accepted drafts: the rows whose K/V the target kept
             rows = slice(0, 1 + num_accepted) if kept is None else torch.tensor(kept)
-            self.reader(seq).accept_hidden(seq.seq_id, start, {i: h[rows] for i, h in hidden.items()})
+            reader.accept_hidden(seq.seq_id, start, {i: h[rows] for i, h in hidden.items()})
         if seq.constraint is not None:
             seq.constraint.commit(committed)
         lps = None

@@ -89,7 +89,7 @@ class Drafting:
             sp.k = policy.cfg.k_max
             free = [m for m in policy.available if get_method(m).free]
             sp.controller = policy.controller(d, sp.pool, p.temperature, len(seq.prompt_ids),
-                                              self._longest_match(seq, free))
+                                              self._longest_match(seq, free), p.max_tokens)
 
     def _combine(self, seq: Sequence, method) -> None:
         """A combining method (hybrid): the step controller runs its model proposer with the request's k and, each

@@ -204,12 +204,15 @@ class StepController:
 
     prior_steps = 2.0
     explore_steps = 4                 # an exploring request's first model steps, run at its k whatever lookup offers
+    switch_after = 4                  # a head's own steps (a lookup's: twice as many) before its record may send
+    switch_margin = 1.1               # the request to the draft model, expected to decode this much faster, read paid
     lookup_prior_weight = 2.0         # proposals a prior is worth against this request's own record
     lookup_decay = 0.8                # per guess of the same match length: the record remembers ~5 guesses
 
     def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig,
                  lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[float, float, float]] | None = None,
-                 use_lookup: bool = True, guesser: Guesser | None = None, explore: bool = False):
+                 use_lookup: bool = True, guesser: Guesser | None = None, explore: bool = False,
+                 fallback: tuple[str, float] | None = None, prompt_len: int = 0, max_tokens: int = 0):
         models = get_method(method).drafts_with_model
         self.model = method if models else draft_model_method()   # the model proposer: draft model or a head
         self.k = k if models else 0                       # prompt lookup chosen: lookup alone, no draft steps
@@ -231,6 +234,18 @@ class StepController:
         self.lookup_steps = 0                             # steps that verified a lookup guess
         self.guesser = guesser                            # prompt lookup's guess (None: no guess to offer)
         self._last: tuple[str, int, list[int]] = (MODEL, 0, [])   # this step's (source, match length, guess)
+        # a request of a learned head, or of a lookup running alone (prompt lookup, suffix decoding), may move to the
+        # draft model (method, its pool α) once its own record says the draft would decode faster: one pool holds
+        # every kind of prompt, and a method's pooled α (summaries, code edits) says little of one request (served
+        # code generation: EAGLE-3 accepted 0.30 where the pool said 0.60 and the draft accepted 0.86). The draft
+        # reads the context when first asked; a head could not join later, having read none of the target's states
+        self.head = get_method(method).kind == "head"
+        self.fallback = fallback if self.head or not models else None
+        self.lookup_accepted = 0                          # tokens accepted in steps that verified a lookup guess
+        self.lookup_rows = 0.0                            # what those steps' guess rows cost, in plain steps
+        self.prompt_len, self.max_tokens, self.context = prompt_len, max_tokens, prompt_len
+        self.retired: list[tuple[str, int, int, int]] = []   # (model, drafted, accepted, steps) of one left behind
+        self.switched = ""                                # why it moved, for the request's policy reason
 
     @property
     def uses(self) -> tuple[str, ...]:
@@ -295,6 +310,7 @@ class StepController:
         """Before a step: (proposer, k, guess): prompt lookup with its guess's tokens to verify, or the model
         proposer and its k (guess None; k 0 is a plain step). The guess is scored after the step (observe_step)
         whichever ran. A grammar cuts the guess at its first forbidden token."""
+        self.context = len(token_ids)
         n, guess = self.guess(token_ids, room, constraint)
         source, k = self.plan(n, len(guess), budget)
         k = max(0, min(k, room))
@@ -337,13 +353,41 @@ class StepController:
             self.lookup_matched += lookup_matched
         if source == LOOKUP:
             self.lookup_steps += 1
+            self.lookup_accepted += num_accepted
+            self.lookup_rows += self.cost.V(1 + num_draft) - 1.0
+        elif num_draft:
+            self.drafted += num_draft
+            self.accepted += num_accepted
+            self.steps += 1
+            if self.explore and self.steps < self.explore_steps:
+                return
+            k, s = best_k(self.model, self.alpha, self.cost, self.cfg.k_max)
+            self.k = k if s >= self.cfg.min_speedup else 0
+        if self.fallback is None:
             return
-        if num_draft == 0:
+        if self.head and (self.steps >= self.switch_after or (self.steps >= 2 and not self.k)):
+            mine = best_k(self.model, self.alpha, self.cost, self.cfg.k_max)[1] if self.k else 1.0
+            self._maybe_switch(f"{self.model} after {self.steps} steps: own α={self.alpha:.2f} -> {mine:.2f}x", mine)
+        elif not self.head and self.lookup_evaluated >= 2 * self.switch_after:
+            # lookup alone: what its steps gave (tokens per step) over what they cost (a plain step, the guess's rows)
+            steps = self.lookup_evaluated
+            mine = (steps + self.lookup_accepted) / (steps + self.lookup_rows)
+            self._maybe_switch(f"lookup alone after {steps} steps: {mine:.2f}x", mine)
+
+    def _maybe_switch(self, why: str, mine: float) -> None:
+        """Move to the draft model when it, at its pool α and with its read of the context so far paid over the
+        tokens left, is expected to decode switch_margin times as fast as the request's proposer does (`mine`)."""
+        model, alpha = self.fallback
+        left = self.max_tokens - (self.context - self.prompt_len)
+        if left < self.cfg.min_max_tokens:
+            self.fallback = None                          # too little left to pay the read
             return
-        self.drafted += num_draft
-        self.accepted += num_accepted
-        self.steps += 1
-        if self.explore and self.steps < self.explore_steps:
+        k, theirs = best_k(model, alpha, self.cost, self.cfg.k_max)
+        theirs = amortized(theirs, prompt_read(self.cost, self.context, left)) if k else 1.0
+        if theirs <= max(mine, 1.0) * self.switch_margin:
             return
-        k, s = best_k(self.model, self.alpha, self.cost, self.cfg.k_max)
-        self.k = k if s >= self.cfg.min_speedup else 0
+        self.switched = f"{why}; {model} α={alpha:.2f} -> {theirs:.2f}x: moved to {model}"
+        if self.head:
+            self.retired.append((self.model, self.drafted, self.accepted, self.steps))
+        self.model, self.k, self.prior_alpha, self.fallback = model, k, alpha, None
+        self.drafted = self.accepted = self.steps = 0

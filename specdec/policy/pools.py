@@ -17,9 +17,9 @@ import threading
 from dataclasses import dataclass, field
 
 from ..config import PLAIN
-from ..proposers.registry import get_method, lookup_method
+from ..proposers.registry import draft_model_method, get_method, lookup_method
 from .clock import StepClock
-from .cost_model import CostModel, prompt_read
+from .cost_model import CostModel, prices, prompt_read
 from .decide import (
     Decision,
     Guesser,
@@ -241,20 +241,26 @@ class SpeculationPolicy:
                                         f"{acc if acc is not None else 0:.2f} < {self.cfg.min_acceptance}", acc)
 
     def controller(self, decision: Decision, pool_name: str = "default",
-                   temperature: float = 0.0, context: int = 0, guesser: Guesser | None = None
-                   ) -> StepController | None:
+                   temperature: float = 0.0, context: int = 0, guesser: Guesser | None = None,
+                   max_tokens: int = 0) -> StepController | None:
         """The step controller of a speculative request: the draft (when chosen) with the decision's k, prompt
-        lookup with the pool's record for this temperature as its prior; priced at the request's context."""
+        lookup with the pool's record for this temperature as its prior; priced at the request's context. A head's
+        request may move to the draft model (its pool α the prior) where the head's own record falls short."""
         if decision.method == PLAIN:
             return None
         bucket = temperature_bucket(temperature)
         pool = self.pool(pool_name)
         ngram = lookup_method()
         lookup_alpha = self._estimate(pool, ngram, bucket, temperature)
+        draft = draft_model_method()
+        fallback = None
+        if draft in self.available and draft != decision.method and max_tokens and prices(draft, self.cost):
+            alpha = self._estimate(pool, draft, bucket, temperature)
+            fallback = (draft, alpha if alpha is not None else prior_alpha(draft, temperature, self.cfg))
         return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost.at(context), self.cfg,
                               lookup_alpha if lookup_alpha is not None else prior_alpha(ngram, temperature, self.cfg),
                               pool.lookup_prior(bucket), use_lookup=ngram in self.available, guesser=guesser,
-                              explore=decision.explore)
+                              explore=decision.explore, fallback=fallback, prompt_len=context, max_tokens=max_tokens)
 
     def record(self, pool_name: str, decision: Decision, temperature: float, stats,
                controller: StepController | None = None) -> None:
@@ -276,9 +282,12 @@ class SpeculationPolicy:
                                          max(0, stats.completion_tokens - 1), net))
         else:
             c = controller
+            for model, drafted, accepted, steps in c.retired:    # a head the request moved away from
+                found.append(Observation(model, bucket, max(1, round(drafted / steps)), drafted, accepted, steps,
+                                         steps, steps + accepted, None))
             if c.steps:
                 found.append(Observation(c.model, bucket, max(1, round(c.drafted / c.steps)), c.drafted, c.accepted,
-                                         c.steps, c.steps, c.steps + c.accepted, net))
+                                         c.steps, c.steps, c.steps + c.accepted, None if c.retired else net))
             ngram = lookup_method()
             if c.lookup_evaluated and ngram in self.available:
                 found.append(Observation(ngram, bucket, max(1, round(c.lookup_proposed / max(1, c.lookup_guesses))),

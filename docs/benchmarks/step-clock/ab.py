@@ -1,0 +1,112 @@
+"""`auto` priced as measured against `auto` re-priced by its step clock, and with a head's (or a lone lookup's)
+request free to move to the draft model, beside speculation off and the fixed draft, in one `LLM`, interleaved:
+each prompt runs every variant (the order rotated per prompt) before the next prompt, ROUNDS times. Each auto
+variant keeps its own pool and every (variant, round) its own suffix pools (`cache_salt`). Greedy, 128 tokens, the
+shipped heads loaded as `specdec serve` loads them, each request started on an idle machine.
+
+    python docs/benchmarks/step-clock/ab.py OUT_DIR [ROUNDS] [PROMPTS]
+
+Variants: none; draft (k = 4); auto-measured (the cost model as measured or cached, no move: as before); auto-clock
+(re-priced by the clock, no move); auto-after (re-priced, and a request may move to the draft: what this commit runs).
+"""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from specdec import LLM, SamplingParams
+from specdec.bench.datasets import load_prompts
+from specdec.bench.idle import wait_until_idle
+from specdec.config import SpeculativeConfig
+from specdec.policy.decide import StepController
+
+VARIANTS = ["none", "draft", "auto-measured", "auto-clock", "auto-after"]
+MOVE = StepController._maybe_switch
+
+
+def run(llm, ids, variant, params, salt="warm"):
+    policy = llm.policy()
+    saved = policy.clock, policy.cost
+    if variant == "auto-measured":
+        policy.clock, policy.cost = None, policy.clock.measured
+    StepController._maybe_switch = MOVE if variant == "auto-after" else (lambda self, why, mine: None)
+    if variant.startswith("auto"):
+        spec, pool = SpeculativeConfig(method="auto"), variant
+    else:
+        spec = SpeculativeConfig(method=variant, num_speculative_tokens=4 if variant != "none" else None)
+        pool = "default"
+    wait_until_idle()
+    try:
+        out = llm.generate(ids, params, spec=spec, pool=pool, cache_salt=f"{variant}-{salt}")[0]
+    finally:
+        if variant == "auto-measured":
+            policy.clock, policy.cost = saved
+        StepController._maybe_switch = MOVE
+    s = out.stats
+    n = len(out.token_ids)
+    return {"tokens": n, "ttft_s": s.ttft_s, "e2e_s": s.e2e_s,
+            "decode_tok_s": (n - 1) / (s.e2e_s - s.ttft_s) if n > 1 and s.e2e_s > s.ttft_s else None,
+            "method": s.method, "reason": s.policy_reason, "draft_tokens": s.draft_tokens,
+            "accepted_tokens": s.accepted_tokens, "clock": policy.clock.status(), "text": out.text}
+
+
+def main(out_dir: str, rounds: int, source: str) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = load_prompts(source)
+    llm = LLM(speculative=SpeculativeConfig(method="auto"), enable_prefix_caching=False, progress=False)
+    llm.policy()
+    ids = [llm.encode(p["messages"]) for p in prompts]
+    warm = SamplingParams(max_tokens=4, temperature=0.0)
+    for v in ("none", "draft"):
+        run(llm, ids[0], v, warm)
+    params = SamplingParams(max_tokens=128, temperature=0.0)
+    rows = []
+    for r in range(rounds):
+        for i, (p, pid) in enumerate(zip(prompts, ids)):
+            shift = (i + r) % len(VARIANTS)
+            for v in VARIANTS[shift:] + VARIANTS[:shift]:
+                row = {"round": r + 1, "prompt": i, "category": p["category"], "variant": v,
+                       **run(llm, pid, v, params, f"r{r + 1}")}
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "text"}), flush=True)
+    (out / "results.json").write_text(json.dumps({"source": source, "rounds": rounds, "rows": rows}, indent=1))
+    (out / "report.md").write_text(report(rows))
+    print(report(rows))
+
+
+def table(rows, key, better) -> list[str]:
+    """Median over requests of `better(variant's key, speculation off's key)` (same prompt, same round)."""
+    cats = list(dict.fromkeys(r["category"] for r in rows))
+    base = {(r["round"], r["prompt"]): r[key] for r in rows if r["variant"] == "none"}
+    lines = ["| category (requests) | " + " | ".join(VARIANTS[1:]) + " | after / measured | after / draft |",
+             "|---|" + "---|" * (len(VARIANTS) + 1)]
+    for c in cats + ["all"]:
+        s = {v: statistics.median(better(r[key], base[r["round"], r["prompt"]]) for r in rows
+                                  if r["variant"] == v and c in ("all", r["category"])) for v in VARIANTS}
+        n = sum(1 for r in rows if r["variant"] == "none" and c in ("all", r["category"]))
+        lines.append(f"| {c} ({n}) | " + " | ".join(f"{s[v]:.2f}x" for v in VARIANTS[1:]) +
+                     f" | {s['auto-after'] / s['auto-measured']:.2f} | {s['auto-after'] / s['draft']:.2f} |")
+    return lines
+
+
+def report(rows) -> str:
+    same = sum(1 for r in rows if r["variant"] != "none" and r["text"] == next(
+        x["text"] for x in rows if x["variant"] == "none" and x["prompt"] == r["prompt"] and x["round"] == r["round"]))
+    out = ["Decode speed (tokens after the first over the time after the first), over speculation off's:", ""]
+    out += table(rows, "decode_tok_s", lambda x, b: x / b)
+    out += ["", "End to end (speculation off's request time over the variant's):", ""]
+    out += table(rows, "e2e_s", lambda x, b: b / x)
+    moved = [r for r in rows if r["variant"] == "auto-after" and "moved to" in (r["reason"] or "")]
+    out += ["", f"Requests of auto-after that moved to the draft: {len(moved)}"]
+    out += [f"- round {r['round']} prompt {r['prompt']} ({r['category']}): {r['reason']}" for r in moved]
+    last = rows[-1]["clock"]
+    out += ["", f"The clock at the end: plain step {last['plain_step_s'] * 1000:.1f} ms, "
+                f"{last['plain_step_ratio']:.2f}x the measured one, {last['steps_timed']} steps timed"]
+    out += ["", f"Text identical to speculation off: {same} of {sum(1 for r in rows if r['variant'] != 'none')}."]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2,
+         sys.argv[3] if len(sys.argv) > 3 else "builtin")
