@@ -4,6 +4,10 @@
 # idle-gated, c1, greedy, 128 tokens, two rounds, builtin,long:8.
 #
 #   OLD=/path/to/old/specdec bash docs/benchmarks/lookup-depth/served-ab.sh OUT
+#
+# OLD for a worktree: `PYTHONPATH=<worktree> exec <this .venv>/bin/python -P -m specdec.cli "$@"`. Without -P,
+# `python -m` puts the working directory (this checkout: the script runs from its root) ahead of PYTHONPATH, and the
+# "old" server imports this checkout's code.
 set -euo pipefail
 OUT=$(realpath -m "$1")
 cd "$(dirname "$0")/../../.."

@@ -17,7 +17,9 @@ pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 up() { for _ in $(seq 600); do curl -sf "$1/health" >/dev/null && return 0; sleep 1; done; exit 1; }
 mkdir -p "$OUT"
-PYTHONPATH=$OLD .venv/bin/python -m specdec.cli serve --port 8052 > "$OUT/specdec-old.log" 2>&1 & pids+=($!)
+# -P: `python -m` puts the working directory (this checkout) on sys.path before PYTHONPATH; without it the "old"
+# server of run1 and run2 imported this checkout's specdec (see the README)
+PYTHONPATH=$OLD .venv/bin/python -P -m specdec.cli serve --port 8052 > "$OUT/specdec-old.log" 2>&1 & pids+=($!)
 up http://127.0.0.1:8052
 .venv/bin/specdec serve --port 8051 > "$OUT/specdec-head.log" 2>&1 & pids+=($!)
 up http://127.0.0.1:8051
