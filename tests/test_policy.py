@@ -701,6 +701,12 @@ def test_a_heads_request_moves_to_the_draft_where_the_heads_own_record_falls_sho
             alone.observe_step(k, min(k, held), (guess or [])[:held] + [7])
         assert (alone.model, alone.k > 0, not alone.retired) == ("draft", moves, True), alone.switched
         assert alone.switched.startswith("lookup alone after 8 steps") == moves
+    # an exploring head's request moves after its exploring steps, and the draft then runs on its merits
+    exploring = controller(explore=True)
+    for step in range(4):
+        _, k, _ = exploring.choose_step([0] * (50 + step), 8, None, None)
+        exploring.observe_step(k, 0, [1])
+    assert exploring.model == "draft" and not exploring.explore
     # a request that chose the draft has nothing to move to
     assert StepController("draft", 4, 0.7, cost, PolicyConfig(), fallback=("draft", 0.8)).fallback is None
     # the pool hears of both

@@ -391,3 +391,4 @@ class StepController:
             self.retired.append((self.model, self.drafted, self.accepted, self.steps))
         self.model, self.k, self.prior_alpha, self.fallback = model, k, alpha, None
         self.drafted = self.accepted = self.steps = 0
+        self.explore = False              # what the pool lacked of the head it has now; the draft runs on its merits
