@@ -357,20 +357,27 @@ def test_a_head_is_timed_after_a_target_step_as_in_the_engine(tiny_dirs, monkeyp
     assert cost.target_step_s == 1 and cost.heads["eagle3"] == [1.0, 0.0]
 
 
-def test_auto_runs_a_learned_head_with_parity(tiny_dirs, tmp_path, monkeypatch):
-    """End to end: auto with a head loaded measures the head's step cost, picks the head, drafts with it (the
-    head reads the target's states at every step, lookup steps included) and keeps the target's greedy output."""
+def _auto_with_a_random_eagle3(tiny_dirs, tmp_path, monkeypatch):
+    """An LLM of the tiny pair, method auto, with a random EAGLE-3 head saved for its target (trained context 512)."""
     from test_heads import _eagle3
 
-    from specdec import LLM, SamplingParams, SpeculativeConfig
+    from specdec import LLM, SpeculativeConfig
     from specdec.models.heads import save_head, target_fingerprint
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     probe = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
     save_head(_eagle3(probe.target.model), "eagle3", tmp_path / "e3",
               {"specdec_target_fingerprint": target_fingerprint(probe.target.model), "specdec_trained_context": 512})
-    llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
-              progress=False, speculative=SpeculativeConfig(method="auto"), heads={"eagle3": str(tmp_path / "e3")})
+    return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
+               progress=False, speculative=SpeculativeConfig(method="auto"), heads={"eagle3": str(tmp_path / "e3")})
+
+
+def test_auto_runs_a_learned_head_with_parity(tiny_dirs, tmp_path, monkeypatch):
+    """End to end: auto with a head loaded measures the head's step cost, picks the head, drafts with it (the
+    head reads the target's states at every step, lookup steps included) and keeps the target's greedy output."""
+    from specdec import SamplingParams
+
+    llm = _auto_with_a_random_eagle3(tiny_dirs, tmp_path, monkeypatch)
     measured = llm.cost_model(4)
     assert set(measured.heads) == {"eagle3"} and all(x > 0 for x in measured.heads["eagle3"])
     cost = CostModel(draft_step=1.0, verify=[1.0] * 9, heads={"eagle3": [0.05, 0.05]})
@@ -723,19 +730,11 @@ def test_auto_moves_a_request_from_a_useless_head_to_the_draft_with_parity(tiny_
     """End to end: a random head is chosen on its prior, fails its first steps, and the request finishes with the
     draft model (here the target itself: every draft accepted), which reads the context when first asked; the text
     stays the target's greedy output and the reason says what happened."""
-    from test_heads import _eagle3
-
-    from specdec import LLM, SamplingParams, SpeculativeConfig
-    from specdec.models.heads import save_head, target_fingerprint
+    from specdec import SamplingParams
     from specdec.models.kv_manager import KVManager
     from specdec.proposers import DraftModelProposer
 
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    probe = LLM(target=str(tiny_dirs["target"]), dtype="float32", device="cpu", progress=False)
-    save_head(_eagle3(probe.target.model), "eagle3", tmp_path / "e3",
-              {"specdec_target_fingerprint": target_fingerprint(probe.target.model), "specdec_trained_context": 512})
-    llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype="float32", device="cpu",
-              progress=False, speculative=SpeculativeConfig(method="auto"), heads={"eagle3": str(tmp_path / "e3")})
+    llm = _auto_with_a_random_eagle3(tiny_dirs, tmp_path, monkeypatch)
     llm.engine.proposers["draft"] = DraftModelProposer(llm.target.model, llm.tokenizer.vocab_size,
                                                        KVManager(llm.target.model, 4096))
     cost = CostModel(draft_step=0.3, verify=[1.0] * 9, heads={"eagle3": [0.05, 0.05]})
