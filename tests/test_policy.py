@@ -7,7 +7,7 @@ import pytest
 
 from specdec.policy import CostModel, PolicyConfig, RequestFeatures, choose, expected_speedup, expected_tokens
 from specdec.policy.cost_model import best_k
-from specdec.policy.decide import StepController, effective_alpha
+from specdec.policy.decide import LOOKUP, MODEL, StepController, effective_alpha
 from specdec.policy.pools import SpeculationPolicy, rollout_arm
 
 # Shaped like this CPU: verifying 9 tokens costs 1.16 steps; a draft step 0.4 of a target step.
@@ -708,6 +708,15 @@ def test_a_heads_request_moves_to_the_draft_where_the_heads_own_record_falls_sho
             alone.observe_step(k, min(k, held), (guess or [])[:held] + [7])
         assert (alone.model, alone.k > 0, not alone.retired) == ("draft", moves, True), alone.switched
         assert alone.switched.startswith("lookup alone after 8 steps") == moves
+    # judged by what the request's steps gave: a head whose own guesses fail while prompt lookup copies the answer
+    # (a summary) stays; the same head without lookup's steps moves
+    for copies, moves in ((8, False), (0, True)):
+        ctl = controller()
+        for _ in range(4):
+            ctl.observe(MODEL, 2, 0)
+            for _ in range(copies // 4):
+                ctl.observe(LOOKUP, 8, 8, n=3, lookup_len=8, lookup_matched=8)
+        assert (ctl.model == "draft") == moves and ctl.made == 4 + copies * 9
     # an exploring head's request moves after its exploring steps, and the draft then runs on its merits
     exploring = controller(explore=True)
     for step in range(4):
