@@ -1,12 +1,12 @@
 """How long the target's steps take now, against the cost model measured once per machine.
 
 The cost model prices a verification row against a plain step as they stood when it was measured (at the first
-start, then read from the cache). On a shared 2-core host the plain step drifts by 20-40% from hour to hour while
-the rows past the first do not: a one-row step streams ~1 GB of weights and waits on memory, which a neighbour's
-load slows; each further row is multiply-adds on weights already streamed. Measured during decoding in a slow hour
-(docs/benchmarks/step-clock): plain steps 29-32 ms against the 23 ms the cached model held, V(5) 1.42 against
-its 1.68. Priced as measured, rows looked dearer than they were, and `auto` picked shorter drafts (or none) than
-paid.
+start, then read from the cache). On a shared 2-core host the plain step drifts (1.0-1.8x the measured one within
+one session) while the rows past the first do not: a one-row step streams ~1 GB of weights and waits on memory,
+which a neighbour's load slows; each further row is multiply-adds on weights already streamed. Measured during
+decoding in a slow hour (docs/benchmarks/step-clock): plain steps 29-32 ms against the 23 ms the cached model held,
+V(5) 1.42 against its 1.68. Priced as measured, rows looked dearer than they were, and `auto` picked shorter drafts
+(or none) than paid.
 
 The clock reads every decode step the engine times: a forward over n rows after `context` tokens, less the
 measured seconds of its n − 1 extra rows, is what a plain step takes now. The median over a window of steps,

@@ -109,7 +109,7 @@ class CostModel:
     def slower(self, ratio: float) -> CostModel:
         """This model on the machine as it runs now, its plain step `ratio` times as long as when measured (a
         one-row step streams the weights from memory, and a neighbour's load or the machine's drift moves it by
-        20-40% hour to hour on a shared host) while the work of the rows past the first, compute on weights
+        up to 1.8x within a session on a shared host) while the work of the rows past the first, compute on weights
         already streamed, takes the seconds it took: V(n) = 1 + (V(n) − 1) / ratio, and a lookup's or a head's
         time (CPU work on small data) shrinks the same way in step units. The draft's step is a one-row stream
         too, so c stays. policy/clock.py estimates the ratio from the engine's own steps."""

@@ -209,6 +209,9 @@ class StepController:
     the draft runs: the guess is compared with the tokens the target committed (for sampling, the chance that a
     committed token equals the guess is the chance the guess would have been accepted), so knowing what lookup
     would do costs nothing. Copy-heavy stretches of a request then go to lookup, the rest to the draft.
+
+    A request that runs a learned head, or lookup alone, may move to the draft model once, where the draft is
+    expected to do better than the request's own steps have (`_maybe_switch`).
     """
 
     prior_steps = 2.0
