@@ -319,7 +319,7 @@ class LLMEngine:
         for proposer in self.proposers.values():          # what a pool's requests generate (suffix decoding)
             proposer.learn(seq.corpus, seq.prompt_ids, seq.output_ids)
         d, ctl = seq.spec.decision, seq.spec.controller
-        if ctl is not None and ctl.switched:              # the request moved from a head to the draft model
+        if ctl is not None and ctl.switched:              # the request moved to the draft model mid-way
             seq.stats.policy_reason = f"{seq.stats.policy_reason}; {ctl.switched}"
         if d is not None:                                 # the one place the policy hears of an outcome
             self.drafting.policy.record(seq.spec.pool, d, seq.params.temperature, seq.stats, seq.spec.controller)
