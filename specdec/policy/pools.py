@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ..config import PLAIN
 from ..proposers.registry import draft_model_method, get_method, lookup_method
 from .clock import StepClock
-from .cost_model import CostModel, prices, prompt_read
+from .cost_model import CostModel, prompt_read
 from .decide import (
     Decision,
     Guesser,
@@ -254,7 +254,7 @@ class SpeculationPolicy:
         lookup_alpha = self._estimate(pool, ngram, bucket, temperature)
         draft = draft_model_method()
         fallback = None
-        if draft in self.available and draft != decision.method and max_tokens and prices(draft, self.cost):
+        if draft in self.available and draft != decision.method and max_tokens:
             alpha = self._estimate(pool, draft, bucket, temperature)
             fallback = (draft, alpha if alpha is not None else prior_alpha(draft, temperature, self.cfg))
         return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost.at(context), self.cfg,
