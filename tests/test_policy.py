@@ -38,8 +38,8 @@ def test_expected_tokens_formula():
     (RequestFeatures(max_tokens=8), {"draft": 0.95, "ngram": 0.9}, CPU, ("none", 0)),
     # high load: plain
     (RequestFeatures(max_tokens=256, load=9), {"draft": 0.95, "ngram": 0.9}, CPU, ("none", 0)),
-    # copy-heavy prompts but a draft that pays too: the draft, with lookup taking the steps where it is better
-    (RequestFeatures(max_tokens=256), {"draft": 0.7, "ngram": 0.8}, CPU, ("draft", best_k("draft", 0.7, CPU, 8)[0])),
+    # copy-heavy prompts but a draft that pays too: lookup first, the draft when the request's own steps say it pays
+    (RequestFeatures(max_tokens=256), {"draft": 0.7, "ngram": 0.8}, CPU, ("ngram", 8)),
     # a useless draft, copy-heavy prompts: n-gram with a long draft (free to propose, cheap to verify)
     (RequestFeatures(max_tokens=256), {"draft": 0.2, "ngram": 0.8}, CPU, ("ngram", 8)),
     # compute-bound verification: only very high acceptance pays, with a short draft
@@ -156,7 +156,7 @@ def test_draft_is_explored_and_lookup_is_scored_for_free():
     pol = SpeculationPolicy(CPU, PolicyConfig(), ("ngram", "draft"))
     f = RequestFeatures(max_tokens=128)
     first = pol.decide("a", "edit", f)
-    assert first.method == "draft" and "prior" in first.reason
+    assert first.method == "draft" and first.explore and first.alpha == pol.cfg.prior_alpha["draft"]
     # the request: the draft's tokens are all rejected, lookup's guesses (verified or shadowed) mostly agree
     ctl = pol.controller(first, "edit", 0.0)
     for _ in range(12):
@@ -175,14 +175,16 @@ def test_draft_is_explored_and_lookup_is_scored_for_free():
     drafted = pool.estimate("draft", "greedy", prior, pol.cfg.prior_tokens)
     assert 0.0 < drafted < prior
     second = pol.decide("b", "edit", f)
-    assert second.method == "draft" and "observed" in second.reason and "exploring" not in second.reason
-    assert second.alpha == pytest.approx(drafted) and "lookup where it beats" in second.reason
-    assert pol.controller(second, "edit", 0.0).lookup_prior      # the next request starts from the pool's record
+    # lookup pays on this pool: the next request starts on it, with the draft (at its pool α) to move to
+    assert second.method == "ngram" and "observed" in second.reason and "exploring" not in second.reason
+    ctl = pol.controller(second, "edit", 0.0, max_tokens=128)
+    assert ctl.lookup_prior and ctl.k == 0 and ctl.fallback[0] == "draft"
+    assert ctl.fallback[1] == pytest.approx(drafted)              # the next request starts from the pool's record
     # the evidence grows: after rejected draft steps over 80 more slots, lookup alone is the pool's choice
     for _ in range(2):
-        pol.record("edit", second, 0.0, _Stats(drafted=40, accepted=0, steps=10))
+        pol.record("edit", first, 0.0, _Stats(drafted=40, accepted=0, steps=10))
     third = pol.decide("c", "edit", f)
-    assert third.method == "ngram" and "observed" in third.reason
+    assert third.method == "ngram" and "observed" in third.reason and "the matches first" not in third.reason
     # a new temperature bucket borrows the greedy bucket's estimates (lowered) instead of exploring again
     hot = pol.decide("d", "edit", RequestFeatures(temperature=1.0, max_tokens=128))
     assert hot.method == "ngram" and "exploring" not in hot.reason
@@ -280,7 +282,7 @@ def test_pool_is_not_judged_before_every_method_was_tried():
 def test_a_head_is_chosen_by_its_own_step_cost():
     """The head competes with the draft model on expected speedup, each priced by its own measured step cost."""
     cheap_head = CostModel(draft_step=0.4, verify=CPU.verify, lookup=0.01, heads={"eagle3": [0.08, 0.05]})
-    alphas = {"draft": 0.8, "eagle3": 0.6, "ngram": 0.1}
+    alphas = {"draft": 0.8, "eagle3": 0.6, "ngram": 0.02}              # lookup does not pay: no free-first
     d = choose(RequestFeatures(max_tokens=256), alphas, cheap_head, PolicyConfig(), ("ngram", "draft", "eagle3"))
     s_head = best_k("eagle3", 0.6, cheap_head, 8)[1]
     s_draft = best_k("draft", 0.8, cheap_head, 8)[1]
@@ -298,7 +300,7 @@ def test_a_head_is_left_out_of_prompts_longer_than_it_was_trained_on():
     """max_context: a head that would win on a short prompt is not weighed past the context it was trained at (the
     next best method runs), nor explored there; a prompt with nothing left to weigh is gated."""
     cheap_head = CostModel(draft_step=0.4, verify=CPU.verify, lookup=0.01, heads={"eagle3": [0.08, 0.05]})
-    alphas = {"draft": 0.8, "eagle3": 0.6, "ngram": 0.1}
+    alphas = {"draft": 0.8, "eagle3": 0.6, "ngram": 0.02}
     methods, limits = ("ngram", "draft", "eagle3"), {"eagle3": 1024}
     assert choose(RequestFeatures(max_tokens=256, context=1024), alphas, cheap_head, PolicyConfig(), methods,
                   limits).method == "eagle3"
@@ -310,7 +312,8 @@ def test_a_head_is_left_out_of_prompts_longer_than_it_was_trained_on():
     assert choose(RequestFeatures(max_tokens=256), alphas, CPU, PolicyConfig(), methods).method == "draft"
     assert alone.method == "none" and alone.gated and "trained on contexts up to 1024" in alone.reason
     # a fresh pool explores the head on short prompts only
-    policy = SpeculationPolicy(cheap_head, PolicyConfig(), methods, max_context=limits)
+    no_lookup = PolicyConfig(prior_alpha={**PolicyConfig().prior_alpha, "ngram": 0.02})    # lookup does not pay
+    policy = SpeculationPolicy(cheap_head, no_lookup, methods, max_context=limits)
     first = policy.decide("r0", "p", RequestFeatures(max_tokens=256, context=3000))
     assert first.method == "draft"
     policy.record("p", first, 0.0, _Stats(drafted=40, accepted=32, steps=10))
@@ -513,7 +516,8 @@ def test_a_long_prompts_read_is_priced_at_its_length():
     assert read_seconds(grows, 8192) == pytest.approx(8192 * (0.0006 + 0.0004 * 3584 / 1536))   # no further out
     alphas = {"draft": 0.9, "ngram": 0.55}
     f = RequestFeatures(max_tokens=128, context=2000)
-    assert choose(f, alphas, flat, PolicyConfig()).method == "draft"
+    paired = choose(f, alphas, flat, PolicyConfig())     # the pair pays: the matches first, then the draft
+    assert paired.method == "ngram" and "the matches first, the draft" in paired.reason
     alone = choose(f, alphas, grows, PolicyConfig())
     assert alone.method == "ngram" and "prompt read" in alone.reason
 
@@ -631,7 +635,7 @@ def test_lookup_runs_alone_where_the_drafts_prompt_read_costs_more_than_the_pair
     long = choose(RequestFeatures(max_tokens=128, context=2000), alphas, cm, PolicyConfig())
     assert long.method == "ngram" and "prompt read" in long.reason
     short = choose(RequestFeatures(max_tokens=128, context=150), alphas, cm, PolicyConfig())
-    assert short.method == "draft"
+    assert short.method == "ngram" and "the matches first, the draft" in short.reason
     # the draft alone still pays for its read over plain decoding: without lookup it runs
     alone = choose(RequestFeatures(max_tokens=128, context=2000), {"draft": 0.9}, cm, PolicyConfig(), ("draft",))
     assert alone.method == "draft"
@@ -643,6 +647,23 @@ def test_lookup_runs_alone_where_the_drafts_prompt_read_costs_more_than_the_pair
     assert later.method == "draft"
 
 
+
+def test_a_cache_runs_alone_only_where_the_draft_does_not_pay_or_its_read_leaves_the_pair_behind():
+    """Suffix decoding expected above every other proposer: where the draft pays, the request starts on the free
+    proposers' matches under a step controller (suffix decoding's among them), the draft to move to; where the draft's
+    read of a long prompt leaves the pair behind the cache, or the draft does not pay at all, the cache runs alone."""
+    cm = CostModel(draft_step=0.25, verify=[1.0, 1.05, 1.09, 1.13, 1.17, 1.21], target_step_s=0.058,
+                   draft_prefill_s=0.0014)
+    available = ("ngram", "suffix", "draft")
+    alphas = {"draft": 0.9, "ngram": 0.3, "suffix": 0.8}
+    short = choose(RequestFeatures(max_tokens=128, context=150), alphas, cm, PolicyConfig(), available)
+    assert short.method == "ngram" and "the matches first, the draft" in short.reason
+    long = choose(RequestFeatures(max_tokens=128, context=2000), alphas, cm, PolicyConfig(), available)
+    assert long.method == "suffix" and "prompt read" in long.reason
+    useless = choose(RequestFeatures(max_tokens=128, context=150), {**alphas, "draft": 0.1}, cm, PolicyConfig(),
+                     available)
+    assert useless.method == "suffix"
+
 def test_the_draft_is_not_chosen_when_reading_a_long_prompt_costs_more_than_it_saves():
     """The draft reads the prompt before the first token: with 128 tokens to write after a 2.5k-token prompt its
     read (2.5k x 1.4 ms) outweighs what 1.3x saves (128 x 58 ms x 0.23); with 2,048 tokens to write and 1.45x it
@@ -651,7 +672,8 @@ def test_the_draft_is_not_chosen_when_reading_a_long_prompt_costs_more_than_it_s
     few = choose(RequestFeatures(max_tokens=128, context=2500), {"draft": 0.7, "ngram": 0.3}, cm, PolicyConfig())
     many = choose(RequestFeatures(max_tokens=2048, context=2500), {"draft": 0.8, "ngram": 0.3}, cm, PolicyConfig())
     short = choose(RequestFeatures(max_tokens=128, context=100), {"draft": 0.7, "ngram": 0.3}, cm, PolicyConfig())
-    assert few.method != "draft" and many.method == "draft" and short.method == "draft"
+    assert few.method != "draft" and "the matches first" not in few.reason
+    assert "the matches first, the draft" in many.reason and "the matches first, the draft" in short.reason
     alone = choose(RequestFeatures(max_tokens=128, context=2500), {"draft": 0.7}, cm, PolicyConfig(), ("draft",))
     assert alone.method == "none" and "prompt read" in alone.reason
     policy = SpeculationPolicy(cm, PolicyConfig(), ("ngram", "draft"))

@@ -83,7 +83,7 @@ class Drafting:
         if chosen.kind == "plain":
             sp.method, sp.k = d.method, 0
         elif chosen.free and d.method != lookup_method():
-            # a cache (suffix decoding) outdraws the others where it was chosen: it runs alone
+            # a cache (suffix decoding) chosen: no model proposer pays beside it here, and it drafts token trees alone
             sp.method, sp.k = d.method, d.k
         else:   # the draft (when chosen) and the longest lookup match side by side; the controller picks per step
             sp.k = policy.cfg.k_max
