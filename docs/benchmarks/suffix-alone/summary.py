@@ -25,5 +25,6 @@ for e in eps[1:]:
         s = s if isinstance(s, dict) else (json.loads(s) if s and s != "None" else {})
         ran[(v[e]["category"], s.get("method"))] += 1
         moved += "moved to" in (s.get("policy_reason") or "")
-    print(f"{e}: TTFT over 900-token prompts / off's: median {statistics.median(long):.3f} [{min(long):.2f} - {max(long):.2f}] (n {len(long)}); identical {same}/{len(R)}; moved {moved}")
+    print(f"{e}: TTFT over 900-token prompts / off's: median {statistics.median(long):.3f} "
+          f"[{min(long):.2f} - {max(long):.2f}] (n {len(long)}); identical {same}/{len(R)}; moved {moved}")
     print("   ran:", ", ".join(f"{c} {m} x{n}" for (c, m), n in sorted(ran.items(), key=str)))
