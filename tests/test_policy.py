@@ -658,6 +658,11 @@ def test_a_cache_runs_alone_only_where_the_draft_does_not_pay_or_its_read_leaves
     alphas = {"draft": 0.9, "ngram": 0.3, "suffix": 0.8}
     short = choose(RequestFeatures(max_tokens=128, context=150), alphas, cm, PolicyConfig(), available)
     assert short.method == "ngram" and "the matches first, the draft" in short.reason
+    # prompt lookup alone would not pay, suffix decoding's matches would: the request still starts on the matches
+    # (the controller's guesses are the longest of both)
+    cache = choose(RequestFeatures(max_tokens=128, context=150), {**alphas, "ngram": 0.02}, cm, PolicyConfig(),
+                   available)
+    assert cache.method == "ngram" and "the matches of suffix" in cache.reason and "first" in cache.reason
     long = choose(RequestFeatures(max_tokens=128, context=2000), alphas, cm, PolicyConfig(), available)
     assert long.method == "suffix" and "prompt read" in long.reason
     useless = choose(RequestFeatures(max_tokens=128, context=150), {**alphas, "draft": 0.1}, cm, PolicyConfig(),

@@ -176,11 +176,10 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
                                         f"< {cfg.min_speedup:.2f}x (α={best.alpha:.2f})", best.alpha)
     models = [d for m, d in cands.items() if get_method(m).drafts_with_model]
     draft = max(models, key=lambda d: overall(d.method, d.expected_speedup)) if models else None
-    # the free proposers (prompt lookup; a cache: suffix decoding) guess beside the model proposer at every step (the
-    # step controller is offered their longest match), so the pair takes the copy-heavy steps a free one alone would
-    # take, and drafts the rest: a cache runs alone only where no model proposer pays, or where the draft's read
-    # leaves the pair behind it (suffix decoding alone, in process: 0.84x the pairs' speed on the same prompts,
-    # lower on 10 of 12; docs/benchmarks/suffix-alone)
+    # the free proposers (prompt lookup; a cache: suffix decoding) guess beside a model proposer at every step (the
+    # step controller is offered their longest match): a cache runs alone (token trees, no controller) only where no
+    # model proposer pays, or where the draft's read leaves the pair behind it (chosen alone on short prompts, suffix
+    # decoding ran at 0.84x the pairs' speed on the same prompts, lower on 10 of 12; docs/benchmarks/suffix-alone)
     free = max((d for m, d in cands.items() if get_method(m).free), key=lambda d: d.expected_speedup, default=None)
     if draft is not None and draft.expected_speedup >= cfg.min_speedup and lookup_method() in available:
         # the best model proposer runs whenever it pays: lookup still takes the steps where its guess is the better
@@ -190,21 +189,20 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
         # it), would finish the request later than it alone once the read is paid
         s_free = free.expected_speedup if free is not None else 1.0
         pair = overall(draft.method, draft.expected_speedup + s_free - 1.0)
+        # a head reads nothing, and where the pool says the matches do not pay there is nothing to wait for: the
+        # pair starts at once
         if pair >= s_free and (get_method(draft.method).needs != "draft_model" or s_free < cfg.min_speedup):
             draft.reason += f" (lookup where it beats the {draft.method})"
             return draft
         if pair >= s_free:
-            # free first: the request starts on the matches alone, and the draft model reads the prompt and drafts
+            # the matches first: the request starts on them alone, and the draft model reads the context and drafts
             # from the step the request's own record says it would do better (StepController._maybe_switch). A
-            # pool's α mixes requests a copy serves (summaries, edits: suffix decoding alone 1.23x the pair's speed
-            # in process, the draft's read and steps unpaid) with ones it does not (code generation: 0.61x), and the
-            # pool's pick between them was a lottery; the request's first steps tell them apart, for ~3% of
-            # a code generation's speed (docs/benchmarks/suffix-alone). Where the pool says the matches do not pay
-            # at all, the pair starts at once
-            lone = cands.get(lookup_method())
-            if lone is None:
-                lone = Decision(lookup_method(), 0, s_free, f"{lookup_method()}: its matches and the others'",
-                                free.alpha if free is not None else None)
+            # pool's α mixes requests a copy serves (summaries, edits: the draft's read and steps paid for nothing)
+            # with ones it does not (code generation), and which of them had set the pool's estimates decided what
+            # ran; the request's first steps tell them apart, for ~6% of a code generation's speed
+            # (docs/benchmarks/suffix-alone)
+            lone = cands.get(lookup_method()) or Decision(lookup_method(), 0, s_free, f"{lookup_method()}: the "
+                                                          f"matches of {free.method}", free.alpha)
             lone.reason += (f"; the matches first, the {draft.method} (expected {draft.expected_speedup:.2f}x, "
                             f"{overall(draft.method, draft.expected_speedup):.2f}x with its read) when the "
                             f"request's own steps say it pays")
