@@ -1,5 +1,6 @@
 """`specdec serve` through the official openai client and raw HTTP, on tiny models over loopback."""
 import asyncio
+import faulthandler
 import json
 import re
 import threading
@@ -311,6 +312,10 @@ def test_burst_beyond_queue_gets_429(solo_llm, monkeypatch):
                 deadline = time.monotonic() + 60
                 while sum(t.done() for t in tasks) < 27 and time.monotonic() < deadline:
                     await asyncio.sleep(0.02)
+                if sum(t.done() for t in tasks) < 27:
+                    # seen twice in one session (25 of 27 rejections within the minute), not reproduced since: where
+                    # every thread, the server's event loop among them, sits while requests wait unanswered
+                    faulthandler.dump_traceback(all_threads=True)
                 go.set()
                 return await asyncio.gather(*tasks)
 
