@@ -647,7 +647,6 @@ def test_lookup_runs_alone_where_the_drafts_prompt_read_costs_more_than_the_pair
     assert later.method == "draft"
 
 
-
 def test_a_cache_runs_alone_only_where_the_draft_does_not_pay_or_its_read_leaves_the_pair_behind():
     """Suffix decoding expected above every other proposer: where the draft pays, the request starts on the free
     proposers' matches under a step controller (suffix decoding's among them), the draft to move to; where the draft's
@@ -668,6 +667,11 @@ def test_a_cache_runs_alone_only_where_the_draft_does_not_pay_or_its_read_leaves
     useless = choose(RequestFeatures(max_tokens=128, context=150), {**alphas, "draft": 0.1}, cm, PolicyConfig(),
                      available)
     assert useless.method == "suffix"
+    # no free proposer expected to pay at all, with min_speedup set at 1.0: nothing to start on, the pair at once
+    none_free = choose(RequestFeatures(max_tokens=128, context=150), {"draft": 0.9, "ngram": 0.0, "suffix": 0.0}, cm,
+                       PolicyConfig(min_speedup=1.0), available)
+    assert none_free.method == "draft" and "lookup where it beats" in none_free.reason
+
 
 def test_the_draft_is_not_chosen_when_reading_a_long_prompt_costs_more_than_it_saves():
     """The draft reads the prompt before the first token: with 128 tokens to write after a 2.5k-token prompt its

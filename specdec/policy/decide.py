@@ -189,12 +189,12 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
         # it), would finish the request later than it alone once the read is paid
         s_free = free.expected_speedup if free is not None else 1.0
         pair = overall(draft.method, draft.expected_speedup + s_free - 1.0)
-        # a head reads nothing, and where the pool says the matches do not pay there is nothing to wait for: the
-        # pair starts at once
-        if pair >= s_free and (get_method(draft.method).needs != "draft_model" or s_free < cfg.min_speedup):
-            draft.reason += f" (lookup where it beats the {draft.method})"
-            return draft
         if pair >= s_free:
+            # a head reads nothing, and where no match is expected to pay there is nothing to wait for: the pair
+            # starts at once
+            if get_method(draft.method).needs != "draft_model" or free is None or s_free < cfg.min_speedup:
+                draft.reason += f" (lookup where it beats the {draft.method})"
+                return draft
             # the matches first: the request starts on them alone, and the draft model reads the context and drafts
             # from the step the request's own record says it would do better (StepController._maybe_switch). A
             # pool's α mixes requests a copy serves (summaries, edits: the draft's read and steps paid for nothing)
