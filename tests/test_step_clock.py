@@ -34,15 +34,17 @@ def _step_s(plain_s: float, rows: int, context: int, noise: float = 0.0) -> floa
 
 
 def test_the_clock_reads_the_plain_step_from_steps_of_any_width():
+    """Every step speculating (no one-row steps): the plain step is a step less its extra rows at their measured
+    seconds."""
     clock = StepClock(ZEN4, window=32, every=8)
     got = []
     for i in range(48):        # plain steps 30% slower than measured; the extra rows as measured; +-2% noise
-        rows, context = (1, 3, 5, 4)[i % 4], 256 + 10 * i
+        rows, context = (2, 3, 5, 4)[i % 4], 256 + 10 * i
         got.append(clock.observe(rows, context, _step_s(0.0299 * (1 + 0.1 * context / 1024), rows, context,
                                                         (-0.02, 0.0, 0.02)[i % 3])))
     new = [c for c in got if c is not None]
     assert len(new) == 1 and got.index(new[0]) == 15       # once half the window is in, then only on a change
-    assert clock.ratio == pytest.approx(1.3, abs=0.03)
+    assert clock.ratio == pytest.approx(1.3, abs=0.03) and clock.scales == []
     assert new[0].V(5) == pytest.approx(1 + 0.68 / clock.ratio)
     # a stall (a step 10x as long) is not a drift: not counted
     assert clock.observe(1, 256, 0.3) is None and clock.steps == 48
@@ -52,6 +54,65 @@ def test_the_clock_reads_the_plain_step_from_steps_of_any_width():
         if c is not None:
             last = c
     assert clock.ratio == pytest.approx(1.0) and last.V(5) == pytest.approx(1.68)
+
+
+def test_rows_are_priced_by_their_own_steps_beside_plain_ones():
+    """A host where a 5-row step takes its measured seconds whatever the plain step takes (compute-bound rows, a
+    memory-bound plain step): the extra rows' seconds are not what they were measured at, so a step less them says
+    nothing of the plain step. With one-row steps in the mix each is read from its own."""
+    clock = StepClock(ZEN4, window=32, every=8)
+    t5 = ZEN4.target_step_s * ZEN4.V(5)                    # 38.6 ms, as measured
+    for i in range(64):        # plain steps 1.35x the measured (31 ms), 5-row steps as measured
+        rows = (1, 5)[i % 2]
+        clock.observe(rows, 256, (0.023 * 1.35 if rows == 1 else t5) * (1 + (-0.01, 0.0, 0.01)[i % 3]))
+    model = clock.current
+    assert clock.ratio == pytest.approx(1.35, rel=0.02)
+    assert model.V(5) == pytest.approx(ZEN4.V(5) / 1.35, rel=0.02)        # 1.24, where a step less its rows said 1.5
+    assert model.target_step_s == pytest.approx(0.023 * 1.35, rel=0.02)
+    # a row count not seen scales its measured extra rows like the nearest one seen; a longer context likewise
+    s5 = clock.scales[-1][1]
+    assert [n for n, _ in clock.scales] == [5] and s5 == pytest.approx((1.68 - 1.35) / 0.68, rel=0.05)
+    assert model.V(3) == pytest.approx(1 + s5 * 0.25 / clock.ratio)
+    assert model.at(1024).V(5) == pytest.approx(1 + s5 * 0.8 / clock.ratio)
+    assert clock.status()["row_scales"] == [[5, round(s5, 3)]] and clock.status()["rows_timed"] == {1: 32, 5: 32}
+    # the other host (the fast state of this one): plain steps 0.7x, 5 rows again as measured -> V(5) 2.4
+    for i in range(64):
+        rows = (1, 5)[i % 2]
+        clock.observe(rows, 256, 0.023 * 0.7 if rows == 1 else t5)
+    assert clock.ratio == pytest.approx(0.7) and clock.current.V(5) == pytest.approx(1.68 / 0.7)
+    # no one-row step for longer than the horizon: the rule of steps that all speculate again
+    for _ in range(4 * 32):
+        clock.observe(5, 256, _step_s(0.023, 5, 256))
+    assert clock.scales == [] and clock.ratio == pytest.approx(1.0) and clock.current.V(5) == pytest.approx(1.68)
+
+
+def test_the_draft_models_steps_reprice_c():
+    clock = StepClock(ZEN4, window=32, every=8)
+    for _ in range(32):        # plain steps as measured; the draft's chain of 4 at 1.25x its measured step
+        clock.observe_draft(4, 256, 4 * 1.25 * 0.32 * 0.023)
+        clock.observe(1, 256, 0.023)
+    assert clock.current.draft_step == pytest.approx(0.4) and clock.current.at(1024).draft_step == pytest.approx(0.4125)
+    assert clock.status()["draft_step_scale"] == pytest.approx(1.25) and clock.current.V(5) == pytest.approx(1.68)
+    for _ in range(32):        # now plain steps 1.25x too: the draft's step is the same share of one
+        clock.observe_draft(4, 256, 4 * 1.25 * 0.32 * 0.023)
+        clock.observe(1, 256, 0.023 * 1.25)
+    assert clock.current.draft_step == pytest.approx(0.32)
+    # a chain of nonsense (a stall) is not read; nor is a model measured without a draft
+    clock.observe_draft(4, 256, 10.0)
+    assert len(clock.drafts) == 32
+    bare = StepClock(CostModel(draft_step=float("inf"), verify=[1.0, 1.2], target_step_s=0.02))
+    bare.observe_draft(4, 256, 0.02)
+    assert not bare.drafts
+
+
+def test_slower_with_row_scales():
+    assert ZEN4.slower(1.0, []) is ZEN4
+    m = ZEN4.slower(0.8, [(3, 2.0), (5, 1.0)])
+    assert m.V(2) == pytest.approx(1 + 2.0 * 0.14 / 0.8)          # below the first point: its scale
+    assert m.V(4) == pytest.approx(1 + 1.5 * 0.47 / 0.8)          # between: interpolated
+    assert m.V(9) == pytest.approx(1 + 1.0 * 1.5 / 0.8)           # past the last: held
+    assert m.draft_step == ZEN4.draft_step and m.target_step_s == pytest.approx(0.023 * 0.8)
+    assert ZEN4.slower(1.0, [], 1.5).draft_step == pytest.approx(0.48)
 
 
 def test_the_policy_prices_new_requests_with_the_clock_and_can_be_told_not_to():
@@ -77,11 +138,16 @@ def test_the_engine_times_each_decode_steps_forward_for_the_policy(tiny_dirs, mo
               speculative=SpeculativeConfig(method="auto"), progress=False)
     policy = llm.policy(PolicyConfig(), CostModel(draft_step=0.1, verify=[1.0] * 9, target_step_s=0.01),
                         available=("draft",))
-    seen = []
+    seen, chains = [], []
     monkeypatch.setattr(policy, "observe_forward", lambda rows, context, s: seen.append((rows, context, s)))
+    monkeypatch.setattr(policy, "observe_draft", lambda n, context, s: chains.append((n, context, s)))
     ids = llm.encode("def add(a, b):")
-    out = llm.generate(ids, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), spec="auto")[0]
+    out = llm.generate(ids, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), spec="auto")[0]
     st = out.stats
+    # the draft model's chains: one per draft step but the first (it read the prompt), a forward per token drafted
+    assert st.draft_steps > 1 and len(chains) == st.draft_steps - 1
+    assert sum(n for n, _, _ in chains) < st.draft_tokens and all(1 <= n <= 8 and s > 0 for n, _, s in chains)
+    assert all(len(ids) <= c < len(ids) + 24 for _, c, _ in chains)
     assert len(seen) == st.target_forwards                     # every decode forward, none of the prompt
     assert sum(r for r, _, _ in seen) == len(seen) + st.draft_tokens
     assert [c for _, c, _ in seen] == sorted(c for _, c, _ in seen) and seen[0][1] == len(ids)

@@ -21,7 +21,7 @@ from ..errors import SpecDecError
 from ..policy.cost_model import StepBudget
 from ..policy.decide import Decision, RequestFeatures, prior_alpha
 from ..proposers.base import Draft, ProposalContext, Proposer, empty_draft, tree_allowed
-from ..proposers.registry import get_method, lookup_method
+from ..proposers.registry import draft_model_method, get_method, lookup_method
 from ..proposers.step_choice import StepChoiceProposer
 from .commit import FORCED, Plan
 from .sequence import Sequence
@@ -197,6 +197,10 @@ class Drafting:
                 for ctx in ctxs:
                     ctx.budget = budget
             drafts = drafter.propose(ctxs, [k for _, k in asked[drafter]])
+            model = self.proposers.get(draft_model_method())     # its chain, timed: its step as the machine runs now
+            timing = model.take_timing() if model is not None else None
+            if timing is not None and self._policy is not None:
+                self._policy.observe_draft(*timing)
             for (i, _), draft in zip(asked[drafter], drafts):
                 # only a greedy request without a grammar or penalties is verified as a tree (exactly: by argmax)
                 seq = seqs[i]

@@ -2,39 +2,58 @@
 
 The cost model prices a verification row against a plain step as they stood when it was measured (at the first
 start, then read from the cache). On a shared 2-core host the plain step drifts (1.0-1.8x the measured one within
-one session) while the rows past the first do not: a one-row step streams ~1 GB of weights and waits on memory,
-which a neighbour's load slows; each further row is multiply-adds on weights already streamed. Measured during
-decoding in a slow hour (docs/benchmarks/step-clock): plain steps 29-32 ms against the 23 ms the cached model held,
-V(5) 1.42 against its 1.68. Priced as measured, rows looked dearer than they were, and `auto` picked shorter drafts
-(or none) than paid.
+one session): a one-row step streams ~1 GB of weights and waits on memory, which a neighbour's load slows. The rows
+past the first are multiply-adds on weights already streamed, and how their seconds move with the plain step's
+differs between hosts: on one Zen 4 host they kept their seconds while the plain step slowed (docs/benchmarks/
+step-clock: plain steps 29-32 ms against a measured 23, V(5) 1.42 against 1.68), on another a 5-row step took ~37 ms
+whether the plain step took 23 or 31 ms, so V(5) was 1.6 in the fast state where the model measured in a slow one
+priced 1.26 (docs/benchmarks/row-clock). Priced as measured, rows looked dearer or cheaper than they were, and
+`auto` sized its drafts and trees (or speculated at all) on the wrong side.
 
-The clock reads every decode step the engine times: a forward over n rows after `context` tokens, less the
-measured seconds of its n − 1 extra rows, is what a plain step takes now. The median over a window of steps,
-over the measured plain step, is the ratio `CostModel.slower` re-prices the model by.
+The clock reads every decode step the engine times: a forward over n rows after `context` tokens, over the seconds
+the measured model gives n rows at that context, is that row count's ratio now. With enough recent one-row steps,
+their median ratio re-prices the plain step, and each row count seen often enough its own V(n); the others scale
+their measured extra rows like the nearest ones seen (`CostModel.slower`). Without recent one-row steps (every step
+speculating), the plain step is what a step took less its n − 1 extra rows at their measured seconds. The draft
+model's chains are timed too: its step against its measured one, over the plain step's ratio, re-prices c (in the
+fast state above a draft token took 0.31 of a plain step where the model said 0.26).
 """
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 
 from .cost_model import CostModel
 
-MIN_CHANGE = 0.03        # a ratio within 3% of the one in use: noise, the model in use stays
+MIN_CHANGE = 0.03        # every price within 3% of the model in use: noise, the model in use stays
 RATIO_RANGE = (0.5, 3.0)     # beyond these the step measured something else (a stall, a swap): not a drift
+MIN_EXTRA = 0.02         # a row count measured within 2% of a plain step: its scale is noise over nothing
+MAX_SCALE = 5.0
 
 
 class StepClock:
-    def __init__(self, measured: CostModel, window: int = 64, every: int = 16):
+    def __init__(self, measured: CostModel, window: int = 64, every: int = 16, horizon: int = 0,
+                 min_samples: int = 0):
         self.measured = measured
         self.window = window
         self.every = every                   # re-estimate after this many steps
+        # steps of one row count older than this many steps are not read: a row count the engine stopped running
+        # (every request speculating) must not keep a state of the machine it has left
+        self.horizon = horizon or 4 * window
+        self.min_samples = min_samples or max(4, window // 8)   # a row count's steps before its median is read
         self.ratios: collections.deque[float] = collections.deque(maxlen=window)   # each step's plain / measured
-        self.ratio = 1.0                     # the one the model in use was re-priced by
+        self.by_rows: dict[int, collections.deque] = {}   # rows -> (step, seconds / measured seconds of those rows)
+        self.drafts: collections.deque = collections.deque(maxlen=window)   # (step, draft step / measured one)
+        self.ratio = 1.0                     # the plain step's, in the model in use
+        self.scales: list[tuple[int, float]] = []   # the row counts' scales in it (CostModel.slower)
+        self.draft = 1.0                     # c's factor in it
+        self.current = measured
         self.steps = 0
 
     def observe(self, rows: int, context: int, seconds: float) -> CostModel | None:
         """A decode step's forward: `rows` rows after `context` tokens in `seconds`. Returns the re-priced cost
-        model when the plain step's median over the window moved by more than MIN_CHANGE, else None."""
+        model when a price moved by more than MIN_CHANGE, else None."""
         ref = self.measured.at(context)
         if not ref.target_step_s or rows < 1 or seconds <= 0:
             return None
@@ -44,14 +63,62 @@ class StepClock:
             return None
         self.ratios.append(ratio)
         self.steps += 1
+        if rows <= len(self.measured.verify):
+            self.by_rows.setdefault(rows, collections.deque(maxlen=self.window)).append(
+                (self.steps, seconds / (ref.target_step_s * ref.V(rows))))
         if len(self.ratios) < self.window // 2 or self.steps % self.every:
             return None
-        now = statistics.median(self.ratios)
-        if abs(now / self.ratio - 1.0) <= MIN_CHANGE:
+        ratio, scales = self._estimate()
+        drafts = [r for step, r in self.drafts if step > self.steps - self.horizon]
+        draft = statistics.median(drafts) / ratio if len(drafts) >= self.min_samples else 1.0
+        model = self.measured.slower(ratio, scales, draft)
+        if not self._moved(model):
             return None
-        self.ratio = now
-        return self.measured.slower(now)
+        self.ratio, self.scales, self.draft, self.current = ratio, scales, draft, model
+        return model
+
+    def observe_draft(self, forwards: int, context: int, seconds: float) -> None:
+        """The draft model's chain of `forwards` one-row steps after `context` tokens in `seconds`: its step now
+        against its measured one; read with the target's steps (the next re-estimate)."""
+        ref = self.measured.at(context)
+        c = ref.draft_step
+        if not ref.target_step_s or not math.isfinite(c) or c <= 0 or forwards < 1 or seconds <= 0:
+            return
+        ratio = seconds / forwards / (c * ref.target_step_s)
+        if RATIO_RANGE[0] <= ratio <= RATIO_RANGE[1]:
+            self.drafts.append((self.steps, ratio))
+
+    def _recent(self, rows: int) -> list[float]:
+        return [r for step, r in self.by_rows.get(rows, ()) if step > self.steps - self.horizon]
+
+    def _estimate(self) -> tuple[float, list[tuple[int, float]]]:
+        """(the plain step's ratio, [(n, s(n))]): from recent one-row steps and each row count's own where there are
+        enough of them; else from every step, its extra rows at their measured seconds, and s = 1."""
+        plain = self._recent(1)
+        if len(plain) < self.min_samples:
+            return statistics.median(self.ratios), []
+        r1 = statistics.median(plain)
+        scales = []
+        for n in range(2, len(self.measured.verify) + 1):
+            seen, v = self._recent(n), self.measured.V(n)
+            if len(seen) >= self.min_samples and v - 1.0 >= MIN_EXTRA:
+                # V now = V measured · r_n / r_1 = 1 + s · (V measured − 1) / r_1
+                scales.append((n, min(max((v * statistics.median(seen) - r1) / (v - 1.0), 0.0), MAX_SCALE)))
+        return r1, scales
+
+    def _moved(self, model: CostModel) -> bool:
+        """Whether the plain step or any row count's V differs by more than MIN_CHANGE from the model in use."""
+        if abs(model.target_step_s / self.current.target_step_s - 1.0) > MIN_CHANGE:
+            return True
+        if math.isfinite(model.draft_step) and self.current.draft_step > 0 and \
+                abs(model.draft_step / self.current.draft_step - 1.0) > MIN_CHANGE:
+            return True
+        return any(abs(model.V(n) / self.current.V(n) - 1.0) > MIN_CHANGE
+                   for n in range(2, len(self.measured.verify) + 1))
 
     def status(self) -> dict:
         return {"plain_step_ratio": round(self.ratio, 4), "steps_timed": self.steps,
-                "plain_step_s": self.measured.target_step_s * self.ratio}
+                "plain_step_s": self.measured.target_step_s * self.ratio,
+                "row_scales": [[n, round(s, 3)] for n, s in self.scales], "draft_step_scale": round(self.draft, 4),
+                "drafts_timed": len(self.drafts),
+                "rows_timed": {n: len(self._recent(n)) for n in sorted(self.by_rows)}}

@@ -35,6 +35,18 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def row_scale(points: list[tuple[int, float]] | None, n: int) -> float:
+    """s(n) from [(n, s)] ascending: linear between the points, the nearest one's past either end; 1 without any."""
+    if not points:
+        return 1.0
+    if n <= points[0][0]:
+        return points[0][1]
+    for (n0, s0), (n1, s1) in zip(points, points[1:]):
+        if n <= n1:
+            return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
+    return points[-1][1]
+
+
 @dataclass
 class CostModel:
     draft_step: float                    # c: one draft forward (one token) / one target forward (one token)
@@ -106,24 +118,29 @@ class CostModel:
                    float(d.get("draft_prefill_s", 0.0)),
                    [[int(n), float(x)] for n, x in d.get("draft_read", [])])
 
-    def slower(self, ratio: float) -> CostModel:
+    def slower(self, ratio: float, rows: list[tuple[int, float]] | None = None, draft: float = 1.0) -> CostModel:
         """This model on the machine as it runs now, its plain step `ratio` times as long as when measured (a
         one-row step streams the weights from memory, and a neighbour's load or the machine's drift moves it by
-        up to 1.8x within a session on a shared host) while the work of the rows past the first, compute on weights
-        already streamed, takes the seconds it took: V(n) = 1 + (V(n) − 1) / ratio, and a lookup's or a head's
-        time (CPU work on small data) shrinks the same way in step units. The draft's step is a one-row stream
-        too, so c stays. policy/clock.py estimates the ratio from the engine's own steps."""
-        if ratio == 1.0:
+        up to 1.8x within a session on a shared host) while the rows past the first take their measured seconds
+        times a scale s(n): V(n) = 1 + s(n)·(V(n) − 1) / ratio. `rows`, [(n, s)] ascending, are the scales the
+        engine's own steps of n rows showed (policy/clock.py), interpolated between and held past the ends; without
+        them s = 1 (the rows past the first cost the seconds they did). A lookup's or a head's time (CPU work on
+        small data) shrinks like the rows in step units. The draft's step is a one-row stream too: c stays, times
+        `draft` where the draft's own steps were timed (its step now over its measured one, over `ratio`)."""
+        if ratio == 1.0 and not rows and draft == 1.0:
             return self
 
-        def rows(v: list[float]) -> list[float]:
-            return [1.0 + (x - 1.0) / ratio for x in v]
-        return CostModel(self.draft_step, rows(self.verify),
-                         [[n, 1.0 + (x - 1.0) / ratio] for n, x in self.verify_large],
-                         self.lookup / ratio, self.target_step_s * ratio, self.source,
+        def scaled(n: int, x: float) -> float:
+            return 1.0 + row_scale(rows, n) * (x - 1.0) / ratio
+
+        def verify(v: list[float]) -> list[float]:
+            return [scaled(n, x) for n, x in enumerate(v, 1)]
+        return CostModel(self.draft_step * draft, verify(self.verify),
+                         [[n, scaled(n, x)] for n, x in self.verify_large], self.lookup / ratio,
+                         self.target_step_s * ratio, self.source,
                          {m: [x / ratio for x in c] for m, c in self.heads.items()}, self.context,
-                         [{**b, "verify": rows(b["verify"]), "target_step_s": b["target_step_s"] * ratio}
-                          for b in self.by_context],
+                         [{**b, "verify": verify(b["verify"]), "target_step_s": b["target_step_s"] * ratio,
+                           "draft_step": b["draft_step"] * draft} for b in self.by_context],
                          self.draft_prefill_s, self.draft_read)
 
     def contexts(self) -> list[int]:

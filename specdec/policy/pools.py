@@ -191,6 +191,13 @@ class SpeculationPolicy:
             if cost is not None:
                 self.cost = cost
 
+    def observe_draft(self, forwards: int, context: int, seconds: float) -> None:
+        """The draft model's chain of `forwards` one-row steps after `context` tokens, as the engine timed it."""
+        if self.clock is not None:
+            cost = self.clock.observe_draft(forwards, context, seconds)
+            if cost is not None:
+                self.cost = cost
+
     def pool(self, name: str) -> Pool:
         with self._lock:
             if name not in self.pools:

@@ -133,6 +133,12 @@ class Proposer(ABC):
     def learn(self, corpus: str, prompt_ids: list[int], output_ids: list[int]) -> None:
         """A request of `corpus` finished with these tokens (suffix decoding keeps them; default: nothing)."""
 
+    def take_timing(self) -> tuple[int, int, float] | None:
+        """A draft model's last propose, when it drafted one sequence's chain in one-row forwards (no catch-up, no
+        tree): (forwards, the context it started after, seconds), for method auto's clock; then cleared. Default:
+        None (nothing timed)."""
+        return None
+
     # prefix caching: a proposer with a cache of its own (a draft model) hands it over when a sequence ends, and
     # copies a later sequence's shared prefix from it
     def export_cache(self, seq_id: int) -> SeqKV | None:

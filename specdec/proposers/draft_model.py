@@ -2,6 +2,7 @@
 requests that ask for one (eagle_topk > 1), a token tree grown level by level in the same batched forwards."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -77,6 +78,7 @@ class DraftModelProposer(Proposer):
         # [V'] the token of each row of a head cut to the tokens the target emits (FR-Spec); None: the whole vocabulary
         self.output_ids = model.output_ids
         self.extra: dict[int, ContextRows] = {}     # seq_id -> its own tokens outside the cut, drafted from too
+        self.timing: tuple[int, int, float] | None = None   # the last propose's: see take_timing
         if self.output_ids is not None:
             self.kept = bytearray(max(vocab_size, int(self.output_ids.max()) + 1))
             for t in self.output_ids.tolist():
@@ -105,6 +107,7 @@ class DraftModelProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
+        start = time.perf_counter()
         drafted: list[list[torch.Tensor]] = [[] for _ in ctxs]
         q_rows: list[list[torch.Tensor]] = [[] for _ in ctxs]
         trees: dict[int, TreeBuilder] = {}           # greedy requests asking for a tree (eagle_topk > 1)
@@ -131,7 +134,11 @@ class DraftModelProposer(Proposer):
             spans.append(Span(kv, kv.length, missing, "last", decode=len(missing) <= DECODE_ROWS,
                               hidden=self.context_rows(ctx.seq_id, ids) is not None))
             owners.append((i, None))
+        # timed for the policy's clock only where the step is what c prices: one sequence's chain, no prompt read
+        timed = len(spans) == 1 and owners[0] is not None and not trees and spans[0].decode
+        forwards, context = 0, spans[0].start if timed else 0
         while spans:
+            forwards += 1
             logits, hidden = self._forward(spans)
             nxt, nxt_owners = [], []
             for span, owner, lg, h in zip(spans, owners, logits, hidden):
@@ -153,6 +160,7 @@ class DraftModelProposer(Proposer):
                     nxt.append(Span(span.kv, span.kv.length, [tok], "last", decode=True, hidden=span.hidden))
                     nxt_owners.append((i, None))
             spans, owners = nxt, nxt_owners
+        self.timing = (forwards, context, time.perf_counter() - start) if timed and forwards else None
         for ctx in ctxs:                          # the grammar state goes back to the committed tokens
             if ctx.constraint is not None:
                 ctx.constraint.rollback_draft()
@@ -165,6 +173,10 @@ class DraftModelProposer(Proposer):
                 # the cache holds the committed tokens + the draft but the last (fed next time if accepted)
                 out.append(Draft(torch.tensor(d, dtype=torch.long), torch.stack(q) if q else None))
         return out
+
+    def take_timing(self) -> tuple[int, int, float] | None:
+        timing, self.timing = self.timing, None
+        return timing
 
     def context_rows(self, seq_id: int, token_ids: list[int]) -> ContextRows | None:
         """The sequence's own tokens that a cut head lacks (its prompt's rare words and names, which a draft copies
