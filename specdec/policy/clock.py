@@ -29,7 +29,7 @@ from .cost_model import CostModel
 MIN_CHANGE = 0.03        # every price within 3% of the model in use: noise, the model in use stays
 RATIO_RANGE = (0.5, 3.0)     # beyond these the step measured something else (a stall, a swap): not a drift
 MIN_EXTRA = 0.02         # a row count measured within 2% of a plain step: its scale is noise over nothing
-MAX_SCALE = 5.0
+MAX_SCALE = 5.0          # rows at most 5x their measured extra seconds: beyond, a row count's few steps met a stall
 
 
 class StepClock:
@@ -69,7 +69,7 @@ class StepClock:
         if len(self.ratios) < self.window // 2 or self.steps % self.every:
             return None
         ratio, scales = self._estimate()
-        drafts = [r for step, r in self.drafts if step > self.steps - self.horizon]
+        drafts = [r for step, r in list(self.drafts) if step > self.steps - self.horizon]
         draft = statistics.median(drafts) / ratio if len(drafts) >= self.min_samples else 1.0
         model = self.measured.slower(ratio, scales, draft)
         if not self._moved(model):
@@ -89,7 +89,9 @@ class StepClock:
             self.drafts.append((self.steps, ratio))
 
     def _recent(self, rows: int) -> list[float]:
-        return [r for step, r in self.by_rows.get(rows, ()) if step > self.steps - self.horizon]
+        # copied first, in one C call: the status endpoint reads this from another thread while the engine appends
+        seen = list(self.by_rows.get(rows, ()))
+        return [r for step, r in seen if step > self.steps - self.horizon]
 
     def _estimate(self) -> tuple[float, list[tuple[int, float]]]:
         """(the plain step's ratio, [(n, s(n))]): from recent one-row steps and each row count's own where there are
@@ -121,4 +123,4 @@ class StepClock:
                 "plain_step_s": self.measured.target_step_s * self.ratio,
                 "row_scales": [[n, round(s, 3)] for n, s in self.scales], "draft_step_scale": round(self.draft, 4),
                 "drafts_timed": len(self.drafts),
-                "rows_timed": {n: len(self._recent(n)) for n in sorted(self.by_rows)}}
+                "rows_timed": {n: len(self._recent(n)) for n in sorted(dict(self.by_rows))}}

@@ -192,11 +192,10 @@ class SpeculationPolicy:
                 self.cost = cost
 
     def observe_draft(self, forwards: int, context: int, seconds: float) -> None:
-        """The draft model's chain of `forwards` one-row steps after `context` tokens, as the engine timed it."""
+        """The draft model's chain of `forwards` one-row steps after `context` tokens, as the engine timed it: read
+        into c when the clock next re-prices (after a target step)."""
         if self.clock is not None:
-            cost = self.clock.observe_draft(forwards, context, seconds)
-            if cost is not None:
-                self.cost = cost
+            self.clock.observe_draft(forwards, context, seconds)
 
     def pool(self, name: str) -> Pool:
         with self._lock:
