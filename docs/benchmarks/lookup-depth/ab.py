@@ -9,13 +9,13 @@ given before, never another variant's answer to the same prompt. Greedy, 128 tok
     python docs/benchmarks/lookup-depth/ab.py OUT_DIR [ROUNDS] [PROMPTS]
 """
 import json
-import statistics
 import sys
 from pathlib import Path
 
 from specdec import LLM, SamplingParams
 from specdec.bench.datasets import load_prompts
 from specdec.bench.idle import wait_until_idle
+from specdec.bench.interleaved import interleave, ratio_medians, request_figures, same_text
 from specdec.config import SpeculativeConfig
 from specdec.policy.cost_model import expected_tokens
 from specdec.policy.decide import LOOKUP, MODEL, StepController, effective_alpha
@@ -61,11 +61,7 @@ def run(llm, ids, variant, params, salt="warm"):
     wait_until_idle()
     out = llm.generate(ids, params, spec=spec, pool=pool, cache_salt=f"{variant}-{salt}")[0]
     StepController.observe_step, StepController.lookup_alpha_for = AFTER
-    s = out.stats
-    n = len(out.token_ids)
-    return {"tokens": n, "ttft_s": s.ttft_s, "e2e_s": s.e2e_s,
-            "decode_tok_s": (n - 1) / (s.e2e_s - s.ttft_s) if n > 1 and s.e2e_s > s.ttft_s else None,
-            "text": out.text}
+    return request_figures(out)
 
 
 def main(out_dir: str, rounds: int, source: str) -> None:
@@ -79,15 +75,7 @@ def main(out_dir: str, rounds: int, source: str) -> None:
     for v in ("none", "ngram", "draft"):
         run(llm, ids[0], v, warm)
     params = SamplingParams(max_tokens=128, temperature=0.0)
-    rows = []
-    for r in range(rounds):
-        for i, (p, pid) in enumerate(zip(prompts, ids)):
-            shift = (i + r) % len(VARIANTS)
-            for v in VARIANTS[shift:] + VARIANTS[:shift]:
-                row = {"round": r + 1, "prompt": i, "category": p["category"], "variant": v,
-                       **run(llm, pid, v, params, f"r{r + 1}")}
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "text"}), flush=True)
+    rows = interleave(prompts, ids, VARIANTS, rounds, lambda pid, v, salt: run(llm, pid, v, params, salt))
     (out / "results.json").write_text(json.dumps({"source": source, "rounds": rounds, "rows": rows}, indent=1))
     (out / "report.md").write_text(report(rows))
     print(report(rows))
@@ -95,14 +83,9 @@ def main(out_dir: str, rounds: int, source: str) -> None:
 
 def table(rows, key, better) -> list[str]:
     """Median over requests of `better(variant's key, speculation off's key)` (same prompt, same round)."""
-    cats = list(dict.fromkeys(r["category"] for r in rows))
-    base = {(r["round"], r["prompt"]): r[key] for r in rows if r["variant"] == "none"}
     lines = ["| category (requests) | " + " | ".join(VARIANTS[1:]) + " | after / before | after / best fixed |",
              "|---|" + "---|" * (len(VARIANTS) + 1)]
-    for c in cats + ["all"]:
-        s = {v: statistics.median(better(r[key], base[r["round"], r["prompt"]]) for r in rows
-                                  if r["variant"] == v and c in ("all", r["category"])) for v in VARIANTS}
-        n = sum(1 for r in rows if r["variant"] == "none" and c in ("all", r["category"]))
+    for c, n, s in ratio_medians(rows, VARIANTS, key, better):
         best = max(s["ngram"], s["draft"])
         lines.append(f"| {c} ({n}) | " + " | ".join(f"{s[v]:.2f}x" for v in VARIANTS[1:]) +
                      f" | {s['auto-after'] / s['auto-before']:.2f} | {s['auto-after'] / best:.2f} |")
@@ -110,14 +93,13 @@ def table(rows, key, better) -> list[str]:
 
 
 def report(rows) -> str:
-    same = sum(1 for r in rows if r["variant"] != "none" and r["text"] == next(
-        x["text"] for x in rows if x["variant"] == "none" and x["prompt"] == r["prompt"] and x["round"] == r["round"]))
+    same, others = same_text(rows)
     out = ["Decode speed (tokens after the first over the time after the first), over speculation off's:", ""]
     out += table(rows, "decode_tok_s", lambda x, b: x / b)
     out += ["", "End to end (speculation off's request time over the variant's: a draft's prompt read counts "
             "wherever it is paid):", ""]
     out += table(rows, "e2e_s", lambda x, b: b / x)
-    out += ["", f"Text identical to speculation off: {same} of {sum(1 for r in rows if r['variant'] != 'none')}."]
+    out += ["", f"Text identical to speculation off: {same} of {others}."]
     return "\n".join(out) + "\n"
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from specdec import LLM, SamplingParams
 from specdec.bench.datasets import load_prompts
 from specdec.bench.idle import wait_until_idle
+from specdec.bench.interleaved import interleave, ratio_medians, request_figures, same_text
 from specdec.config import SpeculativeConfig
 from specdec.policy.clock import StepClock
 
@@ -37,13 +38,10 @@ def run(llm, clocks, ids, variant, params, salt="warm", method="auto"):
     wait_until_idle()
     out = llm.generate(ids, params, spec=spec, pool=pool, cache_salt=f"{variant}-{salt}")[0]
     s = out.stats
-    n = len(out.token_ids)
-    return {"tokens": n, "ttft_s": s.ttft_s, "e2e_s": s.e2e_s,
-            "decode_tok_s": (n - 1) / (s.e2e_s - s.ttft_s) if n > 1 and s.e2e_s > s.ttft_s else None,
-            "method": s.method, "reason": s.policy_reason, "draft_tokens": s.draft_tokens,
+    return {**request_figures(out), "method": s.method, "reason": s.policy_reason, "draft_tokens": s.draft_tokens,
             "accepted_tokens": s.accepted_tokens, "target_forwards": s.target_forwards,
             "clock": policy.clock.status() if variant.startswith("auto") else None,
-            "V5": policy.cost.V(5) if variant.startswith("auto") else None, "text": out.text}
+            "V5": policy.cost.V(5) if variant.startswith("auto") else None}
 
 
 def main(out_dir: str, rounds: int, source: str, method: str) -> None:
@@ -59,15 +57,8 @@ def main(out_dir: str, rounds: int, source: str, method: str) -> None:
     for v in ("none", "draft"):
         run(llm, clocks, ids[0], v, warm)
     params = SamplingParams(max_tokens=128, temperature=0.0)
-    rows = []
-    for r in range(rounds):
-        for i, (p, pid) in enumerate(zip(prompts, ids)):
-            shift = (i + r) % len(VARIANTS)
-            for v in VARIANTS[shift:] + VARIANTS[:shift]:
-                row = {"round": r + 1, "prompt": i, "category": p["category"], "variant": v,
-                       **run(llm, clocks, pid, v, params, f"r{r + 1}", method)}
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "text"}), flush=True)
+    rows = interleave(prompts, ids, VARIANTS, rounds,
+                      lambda pid, v, salt: run(llm, clocks, pid, v, params, salt, method))
     (out / "results.json").write_text(json.dumps({"source": source, "rounds": rounds, "method": method,
                                                   "measured": measured.to_dict(),
                                                   "rows": rows}, indent=1))
@@ -77,22 +68,16 @@ def main(out_dir: str, rounds: int, source: str, method: str) -> None:
 
 def table(rows, key, better) -> list[str]:
     """Median over requests of `better(variant's key, speculation off's key)` (same prompt, same round)."""
-    cats = list(dict.fromkeys(r["category"] for r in rows))
-    base = {(r["round"], r["prompt"]): r[key] for r in rows if r["variant"] == "none"}
     lines = ["| category (requests) | " + " | ".join(VARIANTS[1:]) + " | after / before | after / draft |",
              "|---|" + "---|" * (len(VARIANTS) + 1)]
-    for c in cats + ["all"]:
-        s = {v: statistics.median(better(r[key], base[r["round"], r["prompt"]]) for r in rows
-                                  if r["variant"] == v and c in ("all", r["category"])) for v in VARIANTS}
-        n = sum(1 for r in rows if r["variant"] == "none" and c in ("all", r["category"]))
+    for c, n, s in ratio_medians(rows, VARIANTS, key, better):
         lines.append(f"| {c} ({n}) | " + " | ".join(f"{s[v]:.2f}x" for v in VARIANTS[1:]) +
                      f" | {s['auto-after'] / s['auto-before']:.2f} | {s['auto-after'] / s['draft']:.2f} |")
     return lines
 
 
 def report(rows) -> str:
-    same = sum(1 for r in rows if r["variant"] != "none" and r["text"] == next(
-        x["text"] for x in rows if x["variant"] == "none" and x["prompt"] == r["prompt"] and x["round"] == r["round"]))
+    same, others = same_text(rows)
     out = ["Decode speed (tokens after the first over the time after the first), over speculation off's:", ""]
     out += table(rows, "decode_tok_s", lambda x, b: x / b)
     out += ["", "End to end (speculation off's request time over the variant's):", ""]
@@ -110,7 +95,7 @@ def report(rows) -> str:
     base = {(r["round"], r["prompt"]): r for r in rows if r["variant"] == "none"}
     fw = [1000 * (r["e2e_s"] - r["ttft_s"]) / max(1, r["target_forwards"] - 1) for r in base.values()]
     out += ["", f"Speculation off's decode step: median {statistics.median(fw):.1f} ms [{min(fw):.1f} - {max(fw):.1f}]"]
-    out += ["", f"Text identical to speculation off: {same} of {sum(1 for r in rows if r['variant'] != 'none')}."]
+    out += ["", f"Text identical to speculation off: {same} of {others}."]
     return "\n".join(out) + "\n"
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from specdec import LLM, SamplingParams
 from specdec.bench.datasets import load_prompts
 from specdec.bench.idle import wait_until_idle
+from specdec.bench.interleaved import interleave, ratio_medians, request_figures
 from specdec.config import SpeculativeConfig
 from specdec.policy import pools
 
@@ -47,11 +48,8 @@ def run(llm, ids, variant, params, before, salt="warm"):
     finally:
         pools.choose = AFTER
     s = out.stats
-    n = len(out.token_ids)
-    return {"tokens": n, "ttft_s": s.ttft_s, "e2e_s": s.e2e_s,
-            "decode_tok_s": (n - 1) / (s.e2e_s - s.ttft_s) if n > 1 and s.e2e_s > s.ttft_s else None,
-            "method": s.method, "reason": s.policy_reason, "draft_tokens": s.draft_tokens,
-            "accepted_tokens": s.accepted_tokens, "text": out.text}
+    return {**request_figures(out), "method": s.method, "reason": s.policy_reason, "draft_tokens": s.draft_tokens,
+            "accepted_tokens": s.accepted_tokens}
 
 
 def main(out_dir: str, rev: str, rounds: int, source: str) -> None:
@@ -66,15 +64,7 @@ def main(out_dir: str, rev: str, rounds: int, source: str) -> None:
     for v in ("none", "draft"):
         run(llm, ids[0], v, warm, before)
     params = SamplingParams(max_tokens=128, temperature=0.0)
-    rows = []
-    for r in range(rounds):
-        for i, (p, pid) in enumerate(zip(prompts, ids)):
-            shift = (i + r) % len(VARIANTS)
-            for v in VARIANTS[shift:] + VARIANTS[:shift]:
-                row = {"round": r + 1, "prompt": i, "category": p["category"], "variant": v,
-                       **run(llm, pid, v, params, before, f"r{r + 1}")}
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "text"}), flush=True)
+    rows = interleave(prompts, ids, VARIANTS, rounds, lambda pid, v, salt: run(llm, pid, v, params, before, salt))
     (out / "results.json").write_text(json.dumps({"source": source, "rev": rev, "rounds": rounds, "rows": rows},
                                                  indent=1))
     (out / "report.md").write_text(report(rows))
@@ -83,7 +73,6 @@ def main(out_dir: str, rev: str, rounds: int, source: str) -> None:
 
 def report(rows) -> str:
     off = {(r["round"], r["prompt"]): r for r in rows if r["variant"] == "none"}
-    cats = list(dict.fromkeys(r["category"] for r in rows))
     lines = []
     for title, key, better in (("Decode speed (tokens after the first over the time after the first)",
                                 "decode_tok_s", lambda v, o: v / o),
@@ -92,11 +81,8 @@ def report(rows) -> str:
         lines += [f"{title}, over speculation off's, median over requests:", "",
                   "| category (requests) | draft | auto-before | auto-after | after / before | after / draft |",
                   "|---|---|---|---|---|---|"]
-        for cat in [*cats, "all"]:
-            got = {v: [better(r[key], off[r["round"], r["prompt"]][key]) for r in rows
-                       if r["variant"] == v and cat in ("all", r["category"])] for v in VARIANTS[1:]}
-            med = {v: statistics.median(x) for v, x in got.items()}
-            lines.append(f"| {cat} ({len(got['draft'])}) | {med['draft']:.2f}x | {med['auto-before']:.2f}x | "
+        for cat, n, med in ratio_medians(rows, VARIANTS[1:], key, better):
+            lines.append(f"| {cat} ({n}) | {med['draft']:.2f}x | {med['auto-before']:.2f}x | "
                          f"{med['auto-after']:.2f}x | {med['auto-after'] / med['auto-before']:.2f} | "
                          f"{med['auto-after'] / med['draft']:.2f} |")
         lines.append("")
