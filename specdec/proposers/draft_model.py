@@ -160,7 +160,7 @@ class DraftModelProposer(Proposer):
                     nxt.append(Span(span.kv, span.kv.length, [tok], "last", decode=True, hidden=span.hidden))
                     nxt_owners.append((i, None))
             spans, owners = nxt, nxt_owners
-        self.timing = (forwards, context, time.perf_counter() - start) if timed and forwards else None
+        self.timing = (forwards, context, time.perf_counter() - start) if timed else None
         for ctx in ctxs:                          # the grammar state goes back to the committed tokens
             if ctx.constraint is not None:
                 ctx.constraint.rollback_draft()
