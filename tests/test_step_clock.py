@@ -155,3 +155,77 @@ def test_the_engine_times_each_decode_steps_forward_for_the_policy(tiny_dirs, mo
     # token trees are sized by the re-priced rows too
     policy.cost = ZEN4.slower(2.0)
     assert llm.row_cost(5) == pytest.approx(1.34)
+
+
+def test_rows_and_the_draft_are_priced_against_plain_steps_of_the_same_moment():
+    """A host that moves between a fast state (plain step 23 ms, 5 rows 38.6 ms) and a slow one (plain 33 ms, 5 rows
+    40 ms, the draft's step 1.2x its measured one). Plain steps from a fast minute (another request's) and 5-row steps
+    from a slow one, with a plain step every 16 steps: each row count over the plain steps of the same moment gives the
+    slow state's V(5) and c, where medians over the window would pair the fast minute's plain steps with the slow
+    minute's rows (V(5) 1.75, c 0.38)."""
+    clock = StepClock(ZEN4, window=64, every=8)
+    for _ in range(48):                                    # fast: a request decoding plainly
+        clock.observe(1, 256, 0.023)
+    for i in range(112):                                   # slow: every step speculating but a plain one in 16
+        if i % 16 == 15:
+            clock.observe(1, 256, 0.033)
+        else:
+            clock.observe_draft(4, 256, 4 * 1.2 * 0.32 * 0.023)
+            clock.observe(5, 256, 0.040)
+    model = clock.current
+    assert model.V(5) == pytest.approx(0.040 / 0.033, rel=0.02)           # 1.21
+    assert model.draft_step == pytest.approx(1.2 * 0.32 * 0.023 / 0.033, rel=0.02)     # 0.27
+    # the plain step itself: the median of the recent one-row steps, fast and slow alike
+    assert clock.ratio == pytest.approx(1.0)
+    before = StepClock(ZEN4, window=64, every=8, pair_span=0)              # nothing paired: the window's medians
+    for _ in range(48):
+        before.observe(1, 256, 0.023)
+    for i in range(112):
+        if i % 16 == 15:
+            before.observe(1, 256, 0.033)
+        else:
+            before.observe_draft(4, 256, 4 * 1.2 * 0.32 * 0.023)
+            before.observe(5, 256, 0.040)
+    assert before.current.V(5) == pytest.approx(0.040 / 0.023, rel=0.02) and before.current.draft_step > 0.37
+
+
+def test_the_clock_asks_for_a_plain_step_when_it_has_none():
+    clock = StepClock(ZEN4, window=32, probe_every=16)
+    assert not clock.wants_plain()
+    for _ in range(15):
+        clock.observe(5, 256, 0.0386)
+    assert not clock.wants_plain()
+    clock.observe(3, 256, 0.03)
+    assert clock.wants_plain()
+    clock.observe(1, 256, 0.023)
+    assert not clock.wants_plain()
+    assert not StepClock(ZEN4, probe_every=0).wants_plain()
+    policy = SpeculationPolicy(ZEN4, PolicyConfig(clock_window=0))
+    assert not policy.wants_plain_step()                  # no clock, nothing to ask for
+
+
+def test_a_lone_request_of_the_step_controller_takes_the_plain_step_asked_for(tiny_dirs, monkeypatch):
+    """The step the clock asks for is plain (one row) for a request the step controller drafts for, and the text is
+    plain decoding's; a fixed method's request keeps its k."""
+    from specdec import LLM, SamplingParams, SpeculativeConfig
+
+    llm = LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["target"]), dtype="float32", device="cpu",
+              speculative=SpeculativeConfig(method="auto"), progress=False)
+    policy = llm.policy(PolicyConfig(), CostModel(draft_step=0.01, verify=[1.0] * 9, target_step_s=0.01),
+                        available=("draft",))
+    asked, rows = [], []
+    monkeypatch.setattr(policy, "wants_plain_step", lambda: asked.append(1) or len(asked) % 4 == 0)
+    monkeypatch.setattr(policy, "observe_forward", lambda n, context, s: rows.append(n))
+    ids = llm.encode("def add(a, b):")
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    plain = llm.generate(ids, params, spec="none")[0]
+    rows.clear()
+    asked.clear()
+    out = llm.generate(ids, params, spec=SpeculativeConfig(method="hybrid", num_speculative_tokens=3))[0]
+    assert out.token_ids == plain.token_ids
+    # the draft is the target: every other step drafts and is accepted whole; every 4th asked is plain
+    assert len(asked) == len(rows) and rows.count(1) >= len(asked) // 4 and max(rows) > 1
+    assert [r for i, r in enumerate(rows) if (i + 1) % 4 == 0] == [1] * (len(rows) // 4)
+    rows.clear()
+    fixed = llm.generate(ids, params, spec=SpeculativeConfig(method="draft", num_speculative_tokens=3))[0]
+    assert fixed.token_ids == plain.token_ids and 1 not in rows[:-1]

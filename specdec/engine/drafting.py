@@ -168,6 +168,9 @@ class Drafting:
         # per-request gate, applied per step: a request admitted at low load stops drafting once the batch fills;
         # the draft model's catch-up forwards are not in the step budget, so it would underprice them)
         auto_off = self._policy is not None and len(seqs) > self._policy.cfg.max_load
+        # a lone sequence alone in its step, when the clock has not timed a plain step for a while: one plain step,
+        # the moment's reference for pricing its rows and the draft's chains (a controller's choice either way)
+        probe = self._policy is not None and len(seqs) == 1 and rows <= 1 and self._policy.wants_plain_step()
         asked: dict[Proposer, list[tuple[int, int]]] = {}   # proposer -> (index, k), asked together below
         for i, seq in enumerate(seqs):
             sp = seq.spec
@@ -183,7 +186,7 @@ class Drafting:
                 continue
             k = max(0, room)
             if drafter is self.step_choice:                 # its controller picks k within the room, every step
-                k = 0 if auto_off else k
+                k = 0 if auto_off or probe else k
             elif k == 0:
                 continue
             elif sp.topk > 1 and not tree_allowed(sp.topk, seq.params, seq.constraint):

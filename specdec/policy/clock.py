@@ -17,9 +17,17 @@ their measured extra rows like the nearest ones seen (`CostModel.slower`). Witho
 speculating), the plain step is what a step took less its n − 1 extra rows at their measured seconds. The draft
 model's chains are timed too: its step against its measured one, over the plain step's ratio, re-prices c (in the
 fast state above a draft token took 0.31 of a plain step where the model said 0.26).
+
+The machine moves between states within seconds (on one Zen 4 host a one-row step of 23.5 or 33.5 ms, a 5-row one
+of 38.5 or 40 ms, the draft's 7.6 or 9.1 ms, switching from one 10-second span to the next), so each step and each
+chain is read over the one-row steps of the same moment (within `pair_span` steps), not over a window's median,
+which can pair a fast minute's plain steps (another request's) with a slow minute's rows. Where every step
+speculates, a lone sequence is asked for a plain step when none was timed for `probe_every` steps
+(`wants_plain`): the moment's reference, at a plain step's yield once in ~17 steps.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import statistics
@@ -30,11 +38,12 @@ MIN_CHANGE = 0.03        # every price within 3% of the model in use: noise, the
 RATIO_RANGE = (0.5, 3.0)     # beyond these the step measured something else (a stall, a swap): not a drift
 MIN_EXTRA = 0.02         # a row count measured within 2% of a plain step: its scale is noise over nothing
 MAX_SCALE = 5.0          # rows at most 5x their measured extra seconds: beyond, a row count's few steps met a stall
+PAIR_SPAN = 24           # a one-row step this many steps either side of a step is of the same moment of the machine
 
 
 class StepClock:
     def __init__(self, measured: CostModel, window: int = 64, every: int = 16, horizon: int = 0,
-                 min_samples: int = 0):
+                 min_samples: int = 0, probe_every: int = 16, pair_span: int = PAIR_SPAN):
         self.measured = measured
         self.window = window
         self.every = every                   # re-estimate after this many steps
@@ -50,6 +59,11 @@ class StepClock:
         self.draft = 1.0                     # c's factor in it
         self.current = measured
         self.steps = 0
+        # a lone sequence's step is made plain when no one-row step was timed for this many steps (0: never): a
+        # server where every step speculates has no plain step of the same moment to price its rows against
+        self.probe_every = probe_every
+        self.pair_span = pair_span
+        self.last_plain = 0                  # the step count at the last one-row step
 
     def observe(self, rows: int, context: int, seconds: float) -> CostModel | None:
         """A decode step's forward: `rows` rows after `context` tokens in `seconds`. Returns the re-priced cost
@@ -63,14 +77,14 @@ class StepClock:
             return None
         self.ratios.append(ratio)
         self.steps += 1
+        if rows == 1:
+            self.last_plain = self.steps
         if rows <= len(self.measured.verify):
             self.by_rows.setdefault(rows, collections.deque(maxlen=self.window)).append(
                 (self.steps, seconds / (ref.target_step_s * ref.V(rows))))
         if len(self.ratios) < self.window // 2 or self.steps % self.every:
             return None
-        ratio, scales = self._estimate()
-        drafts = [r for step, r in list(self.drafts) if step > self.steps - self.horizon]
-        draft = statistics.median(drafts) / ratio if len(drafts) >= self.min_samples else 1.0
+        ratio, scales, draft = self._estimate()
         model = self.measured.slower(ratio, scales, draft)
         if not self._moved(model):
             return None
@@ -88,25 +102,61 @@ class StepClock:
         if RATIO_RANGE[0] <= ratio <= RATIO_RANGE[1]:
             self.drafts.append((self.steps, ratio))
 
-    def _recent(self, rows: int) -> list[float]:
+    def wants_plain(self) -> bool:
+        """Whether a lone sequence's next step should be plain: no one-row step was timed for `probe_every` steps,
+        so the rows and the draft's chains have no plain step of the same moment to be priced against (one step in
+        ~17 at a plain step's yield: ~1.5% where drafting doubles the rate; docs/benchmarks/paired-clock)."""
+        return self.probe_every > 0 and self.steps - self.last_plain >= self.probe_every
+
+    def _recent(self, rows: int) -> list[tuple[int, float]]:
         # copied first, in one C call: the status endpoint reads this from another thread while the engine appends
         seen = list(self.by_rows.get(rows, ()))
-        return [r for step, r in seen if step > self.steps - self.horizon]
+        return [(step, r) for step, r in seen if step > self.steps - self.horizon]
 
-    def _estimate(self) -> tuple[float, list[tuple[int, float]]]:
-        """(the plain step's ratio, [(n, s(n))]): from recent one-row steps and each row count's own where there are
-        enough of them; else from every step, its extra rows at their measured seconds, and s = 1."""
+    def _paired(self, samples: list[tuple[int, float]], plain: list[tuple[int, float]]) -> list[float]:
+        """Each sample's ratio over the one-row steps' median within `pair_span` steps of it (samples with none that
+        near are left out). The machine moves between states within seconds (a one-row step of 23.5 ms or 33.5 ms,
+        a 5-row one of 38.5 or 40 ms): a ratio of two row counts' medians over a window may pair one state's rows
+        with the other's plain steps."""
+        steps = [step for step, _ in plain]
+        out = []
+        for step, r in samples:
+            lo = bisect.bisect_left(steps, step - self.pair_span)
+            hi = bisect.bisect_right(steps, step + self.pair_span)
+            if hi > lo:
+                out.append(r / statistics.median(x for _, x in plain[lo:hi]))
+        return out
+
+    def _estimate(self) -> tuple[float, list[tuple[int, float]], float]:
+        """(the plain step's ratio, [(n, s(n))], c's factor): from recent one-row steps, and each row count's and the
+        draft's own steps each over the one-row steps of the same moment, where there are enough of them; else from
+        every step, its extra rows at their measured seconds, s = 1, and the draft's steps over that ratio."""
         plain = self._recent(1)
+        drafts = [(step, r) for step, r in list(self.drafts) if step > self.steps - self.horizon]
         if len(plain) < self.min_samples:
-            return statistics.median(self.ratios), []
-        r1 = statistics.median(plain)
+            ratio = statistics.median(self.ratios)
+            return ratio, [], statistics.median(r for _, r in drafts) / ratio if len(drafts) >= self.min_samples \
+                else 1.0
+        r1 = statistics.median(r for _, r in plain)
         scales = []
         for n in range(2, len(self.measured.verify) + 1):
-            seen, v = self._recent(n), self.measured.V(n)
-            if len(seen) >= self.min_samples and v - 1.0 >= MIN_EXTRA:
-                # V now = V measured · r_n / r_1 = 1 + s · (V measured − 1) / r_1
-                scales.append((n, min(max((v * statistics.median(seen) - r1) / (v - 1.0), 0.0), MAX_SCALE)))
-        return r1, scales
+            v = self.measured.V(n)
+            q = self._over_plain(self._recent(n), plain, r1)
+            if q is not None and v - 1.0 >= MIN_EXTRA:
+                # V now = V measured · q = 1 + s · (V measured − 1) / r_1
+                scales.append((n, min(max((v * q - 1.0) * r1 / (v - 1.0), 0.0), MAX_SCALE)))
+        draft = self._over_plain(drafts, plain, r1)
+        return r1, scales, 1.0 if draft is None else draft
+
+    def _over_plain(self, samples: list[tuple[int, float]], plain: list[tuple[int, float]], r1: float
+                    ) -> float | None:
+        """These steps' ratio over the plain step's: the median of their ratios each over the one-row steps of the
+        same moment where enough of them have such neighbours; else their median over all recent one-row steps'
+        (r1); None with too few."""
+        paired = self._paired(samples, plain)
+        if len(paired) >= self.min_samples:
+            return statistics.median(paired)
+        return statistics.median(r for _, r in samples) / r1 if len(samples) >= self.min_samples else None
 
     def _moved(self, model: CostModel) -> bool:
         """Whether the plain step or any row count's V differs by more than MIN_CHANGE from the model in use."""

@@ -191,6 +191,11 @@ class SpeculationPolicy:
             if cost is not None:
                 self.cost = cost
 
+    def wants_plain_step(self) -> bool:
+        """Whether a lone sequence's next step should be plain, so the clock has a plain step of this moment to
+        price the rows and the draft's chains against (StepClock.wants_plain)."""
+        return self.clock is not None and self.clock.wants_plain()
+
     def observe_draft(self, forwards: int, context: int, seconds: float) -> None:
         """The draft model's chain of `forwards` one-row steps after `context` tokens, as the engine timed it: read
         into c when the clock next re-prices (after a target step)."""
