@@ -296,6 +296,28 @@ def test_a_head_is_chosen_by_its_own_step_cost():
     assert ctl.model == "eagle3" and ctl.plan(0, 0)[0] == "model" and ctl.plan(0, 0)[1] > 0
 
 
+def test_a_head_starts_a_request_in_place_of_the_draft_only_by_a_margin():
+    """A head's estimate is its pool's α (every kind of prompt); the draft's becomes the request's own within a step
+    or two. A head expected a little faster than the draft does not start the request; one expected well ahead
+    does; PolicyConfig(head_margin=1.0) weighs them as equals."""
+    cheap_head = CostModel(draft_step=0.4, verify=CPU.verify, lookup=0.01, heads={"eagle3": [0.08, 0.05]})
+    s_draft = best_k("draft", 0.8, cheap_head, 8)[1]
+    s_head = lambda a: best_k("eagle3", a, cheap_head, 8)[1]           # noqa: E731
+    near = next(a / 100 for a in range(20, 100) if s_head(a / 100) > 1.03 * s_draft)
+    far = next(a / 100 for a in range(20, 100) if s_head(a / 100) > 1.2 * s_draft)
+    assert s_head(near) < 1.1 * s_draft
+    methods, f = ("ngram", "draft", "eagle3"), RequestFeatures(max_tokens=256)
+    alphas = lambda a: {"draft": 0.8, "eagle3": a, "ngram": 0.02}    # noqa: E731  (lookup does not pay)
+    d = choose(f, alphas(near), cheap_head, PolicyConfig(), methods)
+    assert d.method == "draft" and "eagle3 expected" in d.reason and "within 1.10x" in d.reason
+    assert choose(f, alphas(near), cheap_head, PolicyConfig(head_margin=1.0), methods).method == "eagle3"
+    assert choose(f, alphas(far), cheap_head, PolicyConfig(), methods).method == "eagle3"
+    # without a draft model to weigh, the head runs
+    assert choose(f, alphas(near), cheap_head, PolicyConfig(), ("ngram", "eagle3")).method == "eagle3"
+    with pytest.raises(ValueError, match="head_margin"):
+        PolicyConfig(head_margin=0)
+
+
 def test_a_head_is_left_out_of_prompts_longer_than_it_was_trained_on():
     """max_context: a head that would win on a short prompt is not weighed past the context it was trained at (the
     next best method runs), nor explored there; a prompt with nothing left to weigh is gated."""

@@ -53,12 +53,17 @@ class PolicyConfig:
     # decode steps whose timing re-prices the cost model's rows as the machine runs now (policy/clock.py); 0 keeps
     # the model as measured
     clock_window: int = 64
+    # a learned head starts a request in place of the draft model only where it is expected to decode this much
+    # faster (each with prompt lookup beside it, the draft's read paid)
+    head_margin: float = 1.1
 
     def __post_init__(self):
         if not K_MIN <= self.k_max <= K_MAX:
             raise ValueError(f"k_max must be in {K_MIN}..{K_MAX}, got {self.k_max}")
         if not 0 <= self.probe_fraction <= 1:
             raise ValueError(f"probe_fraction must be in [0, 1], got {self.probe_fraction}")
+        if not self.head_margin > 0:
+            raise ValueError(f"head_margin must be > 0, got {self.head_margin}")
         if self.clock_window < 0:
             raise ValueError(f"clock_window must be >= 0, got {self.clock_window}")
         if not 0 <= self.min_acceptance < 1:
@@ -176,6 +181,17 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
                                         f"< {cfg.min_speedup:.2f}x (α={best.alpha:.2f})", best.alpha)
     models = [d for m, d in cands.items() if get_method(m).drafts_with_model]
     draft = max(models, key=lambda d: overall(d.method, d.expected_speedup)) if models else None
+    own = cands.get(draft_model_method())
+    if draft is not None and own is not None and draft is not own and (
+            overall(own.method, own.expected_speedup) * cfg.head_margin
+            >= overall(draft.method, draft.expected_speedup)):
+        # a head's estimate is its pool's α, which mixes every kind of prompt and says little of this one (served
+        # code generation: EAGLE-3 accepted 0.30 where its pool said 0.60); the draft's α is this request's own after
+        # a step or two, its k adapts down to 0, and lookup takes the copies either way. A head within the margin
+        # of the draft started requests that then moved to the draft after 4-6 steps, or stayed at ~0.8x it
+        # (docs/benchmarks/head-margin)
+        own.reason += f" ({draft.method} expected {draft.expected_speedup:.2f}x: within {cfg.head_margin:.2f}x)"
+        draft = own
     # the free proposers (prompt lookup; a cache: suffix decoding) guess beside a model proposer at every step (the
     # step controller is offered their longest match): a cache runs alone (token trees, no controller) only where no
     # model proposer pays, or where the draft's read leaves the pair behind it (chosen alone on short prompts, suffix
