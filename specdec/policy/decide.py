@@ -4,9 +4,6 @@ step of a running request, between the draft model (and its k) and prompt lookup
 """
 from __future__ import annotations
 
-import collections
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -257,14 +254,11 @@ class StepController:
     switch_margin = 1.1               # the request to the draft model, expected to decode this much faster, read paid
     lookup_prior_weight = 2.0         # proposals a prior is worth against this request's own record
     lookup_decay = 0.8                # per guess of the same match length: the record remembers ~5 guesses
-    guard_steps = 16                  # this request's last steps, timed, against its own plain steps (_guard)
-    guard_margin = 0.95               # ... below this share of the plain rate: plain decoding for the rest
 
     def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig,
                  lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[float, float, float]] | None = None,
                  use_lookup: bool = True, guesser: Guesser | None = None, explore: bool = False,
-                 fallback: tuple[str, float] | None = None, prompt_len: int = 0, max_tokens: int = 0,
-                 guard: bool = False):
+                 fallback: tuple[str, float] | None = None, prompt_len: int = 0, max_tokens: int = 0):
         models = get_method(method).drafts_with_model
         self.model = method if models else draft_model_method()   # the model proposer: draft model or a head
         self.k = k if models else 0                       # prompt lookup chosen: lookup alone, no draft steps
@@ -299,14 +293,6 @@ class StepController:
         self.prompt_len, self.max_tokens, self.context = prompt_len, max_tokens, prompt_len
         self.retired: list[tuple[str, int, int, int]] = []   # (model, drafted, accepted, steps) of one left behind
         self.switched = ""                                # why it moved, for the request's policy reason
-        # the wall clock of this request's steps while it was alone in them: (tokens, seconds) of the last few, and
-        # the seconds of its plain ones (the clock's plain steps asked for, k 0), the same moment's reference
-        self.guard = guard
-        self.timed: collections.deque = collections.deque(maxlen=self.guard_steps)
-        self.plain_timed: collections.deque = collections.deque(maxlen=4)
-        self.off = False                                  # plain decoding for the rest: its steps lost to plain
-        self._t_last: float | None = None
-        self._alone = False
 
     @property
     def uses(self) -> tuple[str, ...]:
@@ -352,9 +338,6 @@ class StepController:
         the choice. Without one, the sequence is alone in its step.
         """
         budget = budget or StepBudget(self.cost)
-        self._alone = budget.rows == 1 and not budget.extra
-        if self.off:
-            return MODEL, 0
         if self.explore and self.steps < self.explore_steps:
             budget.add(self.model, self.alpha, self.k)
             return MODEL, self.k
@@ -385,24 +368,11 @@ class StepController:
         """Prompt lookup's guess: (matched n-gram length, up to `room` tokens the grammar allows)."""
         return self.guesser(token_ids, room, constraint) if self.guesser is not None else (0, [])
 
-    def plain_step(self, budget: StepBudget | None) -> None:
-        """This step is plain whatever the controller would plan (the room it was left is 0: the clock asked for
-        one, or load); timed as this request's plain step where it is alone in it."""
-        self._alone = budget is None or (budget.rows == 1 and not budget.extra)
-
     def observe_step(self, num_draft: int, num_accepted: int, emitted: list[int]) -> None:
         """After verifying the step choose_step planned (or a plain step): `observe` with how its guess fared
         against the tokens the target committed."""
-        now = time.perf_counter()
-        seconds = now - self._t_last if self._t_last is not None else 0.0
-        self._t_last, alone, self._alone = now, self._alone, False
         source, n, guess = self._last
         self._last = (MODEL, 0, [])
-        if alone and seconds > 0 and self.guard:
-            self.timed.append((1 + num_accepted, seconds))
-            if not num_draft:
-                self.plain_timed.append(seconds)
-            self._check_guard()
         # the record counts the guess's tokens that were put to the test, not the whole guess: a guess verified
         # 2 tokens deep (or shadowed by a draft step that committed 2) says nothing of its 3rd..8th tokens, and
         # charging them as rejected kept lookup's α under 0.6 on summaries where nearly every guess held, so the plan
@@ -452,22 +422,6 @@ class StepController:
         elif not self.head and self.lookup_evaluated >= 2 * self.switch_after:
             self._maybe_switch(f"lookup alone after {self.lookup_evaluated} steps: {mine:.2f}x", mine)
 
-    def _check_guard(self) -> None:
-        """Plain decoding for the rest of the request where its last `guard_steps` steps, by the wall clock,
-        committed tokens at under `guard_margin` of the rate of its own plain steps of the same minutes. The cost model
-        prices each proposer from a few timed forwards; this is what the request's steps gave, drafting, lookup and
-        verification together (served open prose: EAGLE-3 at α 0.24 kept k = 1 at 0.86x plain). A step over 3x the
-        window's median is a read of the prompt or a stall, not a price: left out."""
-        if self.off or len(self.timed) < self.guard_steps or len(self.plain_timed) < 2:
-            return
-        cut = 3 * statistics.median(s for _, s in self.timed)
-        steps = [(t, s) for t, s in self.timed if s <= cut]
-        rate = sum(t for t, _ in steps) / sum(s for _, s in steps) * statistics.median(self.plain_timed)
-        if rate < self.guard_margin:
-            self.off, self.fallback = True, None
-            self.switched = (f"{self.switched}; " if self.switched else "") + \
-                f"its last {len(steps)} steps {rate:.2f}x its plain ones: plain decoding"
-
     def _maybe_switch(self, why: str, mine: float) -> None:
         """Move to the draft model when it, at its pool α and with its read of the context so far paid over the
         tokens left, is expected to decode switch_margin times as fast as the request's proposer does (`mine`)."""
@@ -484,6 +438,5 @@ class StepController:
         if self.head:
             self.retired.append((self.model, self.drafted, self.accepted, self.steps))
         self.model, self.k, self.prior_alpha, self.fallback = model, k, alpha, None
-        self.timed.clear()                                # the new proposer's steps judge it, its read not among them
         self.drafted = self.accepted = self.steps = 0
         self.explore = False              # what the pool lacked of the head it has now; the draft runs on its merits

@@ -271,8 +271,7 @@ class SpeculationPolicy:
         return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost.at(context), self.cfg,
                               lookup_alpha if lookup_alpha is not None else prior_alpha(ngram, temperature, self.cfg),
                               pool.lookup_prior(bucket), use_lookup=ngram in self.available, guesser=guesser,
-                              explore=decision.explore, fallback=fallback, prompt_len=context, max_tokens=max_tokens,
-                              guard=self.clock is not None and self.clock.probe_every > 0)
+                              explore=decision.explore, fallback=fallback, prompt_len=context, max_tokens=max_tokens)
 
     def record(self, pool_name: str, decision: Decision, temperature: float, stats,
                controller: StepController | None = None) -> None:

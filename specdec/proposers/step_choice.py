@@ -31,7 +31,6 @@ class StepChoiceProposer(Proposer):
             ctl = ctx.controller
             self._planned[ctx.seq_id] = ctl
             if room <= 0:
-                ctl.plain_step(ctx.budget)
                 continue
             name, k, guess = ctl.choose_step(ctx.token_ids, room, ctx.constraint, ctx.budget)
             if guess is not None:            # prompt lookup's guess, already made
