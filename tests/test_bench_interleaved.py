@@ -1,7 +1,9 @@
 """The in-process interleaved A/B the docs/benchmarks ab.py scripts share (specdec/bench/interleaved.py)."""
+import json
+
 import pytest
 
-from specdec.bench.interleaved import interleave, ratio_medians, same_text
+from specdec.bench.interleaved import interleave, methods_ran, ratio_medians, ratio_table, same_text, save
 
 
 def test_every_prompt_runs_every_variant_in_a_rotated_order_before_the_next(capsys):
@@ -31,3 +33,18 @@ def test_ratios_are_medians_over_the_base_on_the_same_prompt_and_round():
     assert got[0][2] == {"none": 1.0, "fast": pytest.approx(1.5)}       # 2.0 and 1.0 against their own rounds
     assert got[1][2]["fast"] == 4.0 and got[2][2]["fast"] == 2.0
     assert same_text(rows) == (2, 3)
+
+
+def test_the_ratio_table_methods_and_saved_run(tmp_path, capsys):
+    rows = [{"round": 1, "prompt": p, "category": "ab"[p], "variant": v, "s": s, "method": m, "text": "t"}
+            for p, v, s, m in [(0, "none", 10, "none"), (0, "new", 30, "draft"), (0, "old", 20, "ngram"),
+                               (1, "none", 10, "none"), (1, "new", 10, "ngram"), (1, "old", 20, "ngram")]]
+    got = ratio_table(rows, ["none", "old", "new"], "s", lambda x, b: x / b,
+                      [("new / old", lambda m: m["new"] / m["old"])])
+    assert got == ["| category (requests) | old | new | new / old |", "|---|---|---|---|",
+                   "| a (1) | 2.00x | 3.00x | 1.50 |", "| b (1) | 2.00x | 1.00x | 0.50 |",
+                   "| all (2) | 2.00x | 2.00x | 1.00 |"]
+    assert methods_ran(rows, "new") == "a draft x1, b ngram x1"
+    save(tmp_path, {"rows": rows}, "report\n")
+    assert (tmp_path / "report.md").read_text() == "report\n" and capsys.readouterr().out == "report\n\n"
+    assert json.loads((tmp_path / "results.json").read_text())["rows"][1]["s"] == 30

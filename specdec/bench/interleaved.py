@@ -5,9 +5,11 @@ under docs/benchmarks share; each brings its variants (a callable that runs one 
 """
 from __future__ import annotations
 
+import collections
 import json
 import statistics
 from collections.abc import Callable
+from pathlib import Path
 
 
 def request_figures(out) -> dict:
@@ -55,3 +57,28 @@ def same_text(rows: list[dict], base: str = "none") -> tuple[int, int]:
     ref = {(r["round"], r["prompt"]): r["text"] for r in rows if r["variant"] == base}
     others = [r for r in rows if r["variant"] != base]
     return sum(1 for r in others if r["text"] == ref[r["round"], r["prompt"]]), len(others)
+
+
+def ratio_table(rows: list[dict], variants: list[str], key: str, better: Callable[[float, float], float],
+                extra: list[tuple[str, Callable[[dict[str, float]], float]]] = ()) -> list[str]:
+    """A markdown table of ratio_medians against variants[0]: per category, each other variant's median ratio, then
+    the `extra` columns, each (title, f(the category's {variant: median ratio})), e.g. after over before."""
+    lines = ["| category (requests) | " + " | ".join([*variants[1:], *(t for t, _ in extra)]) + " |",
+             "|---|" + "---|" * (len(variants) - 1 + len(extra))]
+    for c, n, s in ratio_medians(rows, variants, key, better, base=variants[0]):
+        cells = [f"{s[v]:.2f}x" for v in variants[1:]] + [f"{f(s):.2f}" for _, f in extra]
+        lines.append(f"| {c} ({n}) | " + " | ".join(cells) + " |")
+    return lines
+
+
+def methods_ran(rows: list[dict], variant: str) -> str:
+    """What a variant's requests ran, by category: "code-gen draft x2, ..."."""
+    ran = collections.Counter(f"{r['category']} {r['method']}" for r in rows if r["variant"] == variant)
+    return ", ".join(f"{k} x{n}" for k, n in sorted(ran.items()))
+
+
+def save(out: Path, payload: dict, report: str) -> None:
+    """A run's rows and settings to OUT/results.json, its report to OUT/report.md, and the report printed."""
+    (out / "results.json").write_text(json.dumps(payload, indent=1))
+    (out / "report.md").write_text(report)
+    print(report)

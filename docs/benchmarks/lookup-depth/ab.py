@@ -8,14 +8,13 @@ given before, never another variant's answer to the same prompt. Greedy, 128 tok
 
     python docs/benchmarks/lookup-depth/ab.py OUT_DIR [ROUNDS] [PROMPTS]
 """
-import json
 import sys
 from pathlib import Path
 
 from specdec import LLM, SamplingParams
 from specdec.bench.datasets import load_prompts
 from specdec.bench.idle import wait_until_idle
-from specdec.bench.interleaved import interleave, ratio_medians, request_figures, same_text
+from specdec.bench.interleaved import interleave, ratio_table, request_figures, same_text, save
 from specdec.config import SpeculativeConfig
 from specdec.policy.cost_model import expected_tokens
 from specdec.policy.decide import LOOKUP, MODEL, StepController, effective_alpha
@@ -76,20 +75,14 @@ def main(out_dir: str, rounds: int, source: str) -> None:
         run(llm, ids[0], v, warm)
     params = SamplingParams(max_tokens=128, temperature=0.0)
     rows = interleave(prompts, ids, VARIANTS, rounds, lambda pid, v, salt: run(llm, pid, v, params, salt))
-    (out / "results.json").write_text(json.dumps({"source": source, "rounds": rounds, "rows": rows}, indent=1))
-    (out / "report.md").write_text(report(rows))
-    print(report(rows))
+    save(out, {"source": source, "rounds": rounds, "rows": rows}, report(rows))
 
 
 def table(rows, key, better) -> list[str]:
     """Median over requests of `better(variant's key, speculation off's key)` (same prompt, same round)."""
-    lines = ["| category (requests) | " + " | ".join(VARIANTS[1:]) + " | after / before | after / best fixed |",
-             "|---|" + "---|" * (len(VARIANTS) + 1)]
-    for c, n, s in ratio_medians(rows, VARIANTS, key, better):
-        best = max(s["ngram"], s["draft"])
-        lines.append(f"| {c} ({n}) | " + " | ".join(f"{s[v]:.2f}x" for v in VARIANTS[1:]) +
-                     f" | {s['auto-after'] / s['auto-before']:.2f} | {s['auto-after'] / best:.2f} |")
-    return lines
+    return ratio_table(rows, VARIANTS, key, better,
+                       [("after / before", lambda s: s["auto-after"] / s["auto-before"]),
+                        ("after / best fixed", lambda s: s["auto-after"] / max(s["ngram"], s["draft"]))])
 
 
 def report(rows) -> str:

@@ -14,7 +14,6 @@ module before (`git show 830162d:specdec/policy/clock.py > before_clock.py`).
 """
 import collections
 import importlib.util
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 from specdec import LLM, SamplingParams
 from specdec.bench.datasets import load_prompts
 from specdec.bench.idle import wait_until_idle
-from specdec.bench.interleaved import interleave, ratio_medians, request_figures, same_text
+from specdec.bench.interleaved import interleave, ratio_table, request_figures, same_text, save
 from specdec.config import SpeculativeConfig
 from specdec.policy.clock import StepClock
 
@@ -77,19 +76,13 @@ def main(out_dir: str, rounds: int, source: str, method: str, before_py: str) ->
     params = SamplingParams(max_tokens=128, temperature=0.0)
     rows = interleave(prompts, ids, VARIANTS, rounds,
                       lambda pid, v, salt: run(llm, clocks, pid, v, params, salt, method))
-    (out / "results.json").write_text(json.dumps({"source": source, "rounds": rounds, "method": method,
-                                                  "measured": measured.to_dict(), "rows": rows}, indent=1))
-    (out / "report.md").write_text(report(rows))
-    print(report(rows))
+    save(out, {"source": source, "rounds": rounds, "method": method, "measured": measured.to_dict(), "rows": rows},
+         report(rows))
 
 
 def table(rows, key, better) -> list[str]:
-    lines = ["| category (requests) | " + " | ".join(VARIANTS[1:]) + " | after / before | after / draft |",
-             "|---|" + "---|" * (len(VARIANTS) + 1)]
-    for c, n, s in ratio_medians(rows, VARIANTS, key, better):
-        lines.append(f"| {c} ({n}) | " + " | ".join(f"{s[v]:.2f}x" for v in VARIANTS[1:]) +
-                     f" | {s['after'] / s['before']:.2f} | {s['after'] / s['draft']:.2f} |")
-    return lines
+    return ratio_table(rows, VARIANTS, key, better, [("after / before", lambda s: s["after"] / s["before"]),
+                                                     ("after / draft", lambda s: s["after"] / s["draft"])])
 
 
 def report(rows) -> str:

@@ -11,7 +11,6 @@ METHOD auto (default) or hybrid: the draft beside prompt lookup under the step c
 choice of method, so what differs between the two variants is only how the step is priced (the draft's k, and
 lookup against the draft per step).
 """
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 from specdec import LLM, SamplingParams
 from specdec.bench.datasets import load_prompts
 from specdec.bench.idle import wait_until_idle
-from specdec.bench.interleaved import interleave, ratio_medians, request_figures, same_text
+from specdec.bench.interleaved import interleave, ratio_table, request_figures, same_text, save
 from specdec.config import SpeculativeConfig
 from specdec.policy.clock import StepClock
 
@@ -59,21 +58,14 @@ def main(out_dir: str, rounds: int, source: str, method: str) -> None:
     params = SamplingParams(max_tokens=128, temperature=0.0)
     rows = interleave(prompts, ids, VARIANTS, rounds,
                       lambda pid, v, salt: run(llm, clocks, pid, v, params, salt, method))
-    (out / "results.json").write_text(json.dumps({"source": source, "rounds": rounds, "method": method,
-                                                  "measured": measured.to_dict(),
-                                                  "rows": rows}, indent=1))
-    (out / "report.md").write_text(report(rows))
-    print(report(rows))
+    save(out, {"source": source, "rounds": rounds, "method": method, "measured": measured.to_dict(), "rows": rows},
+         report(rows))
 
 
 def table(rows, key, better) -> list[str]:
     """Median over requests of `better(variant's key, speculation off's key)` (same prompt, same round)."""
-    lines = ["| category (requests) | " + " | ".join(VARIANTS[1:]) + " | after / before | after / draft |",
-             "|---|" + "---|" * (len(VARIANTS) + 1)]
-    for c, n, s in ratio_medians(rows, VARIANTS, key, better):
-        lines.append(f"| {c} ({n}) | " + " | ".join(f"{s[v]:.2f}x" for v in VARIANTS[1:]) +
-                     f" | {s['auto-after'] / s['auto-before']:.2f} | {s['auto-after'] / s['draft']:.2f} |")
-    return lines
+    return ratio_table(rows, VARIANTS, key, better, [("after / before", lambda s: s["auto-after"] / s["auto-before"]),
+                                                     ("after / draft", lambda s: s["auto-after"] / s["draft"])])
 
 
 def report(rows) -> str:

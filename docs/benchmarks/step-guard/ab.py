@@ -7,21 +7,19 @@ each request started on an idle machine.
 
     python docs/benchmarks/step-guard/ab.py OUT_DIR [ROUNDS] [PROMPTS]
 """
-import collections
-import json
 import sys
 from pathlib import Path
 
 from specdec import LLM, SamplingParams
 from specdec.bench.datasets import load_prompts
 from specdec.bench.idle import wait_until_idle
-from specdec.bench.interleaved import interleave, ratio_medians, request_figures, same_text
+from specdec.bench.interleaved import interleave, methods_ran, ratio_table, request_figures, same_text, save
 from specdec.config import SpeculativeConfig
 from specdec.policy.clock import StepClock
 from specdec.policy.decide import StepController
 
 VARIANTS = ["none", "draft", "auto-before", "auto-after"]
-MARGIN = StepController.guard_margin
+MARGIN = getattr(StepController, "guard_margin", None)     # reverted after this run: the script runs at 811fa32
 
 
 def run(llm, clocks, ids, variant, params, salt="warm"):
@@ -41,6 +39,8 @@ def run(llm, clocks, ids, variant, params, salt="warm"):
 
 
 def main(out_dir: str, rounds: int, source: str) -> None:
+    if MARGIN is None:
+        sys.exit("step-guard: the step guard was reverted; run this script at commit 811fa32")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(source)
@@ -54,19 +54,13 @@ def main(out_dir: str, rounds: int, source: str) -> None:
         run(llm, clocks, ids[0], v, warm)
     params = SamplingParams(max_tokens=128, temperature=0.0)
     rows = interleave(prompts, ids, VARIANTS, rounds, lambda pid, v, salt: run(llm, clocks, pid, v, params, salt))
-    (out / "results.json").write_text(json.dumps({"source": source, "rounds": rounds, "measured": measured.to_dict(),
-                                                  "rows": rows}, indent=1))
-    (out / "report.md").write_text(report(rows))
-    print(report(rows))
+    save(out, {"source": source, "rounds": rounds, "measured": measured.to_dict(), "rows": rows}, report(rows))
 
 
 def table(rows, key, better) -> list[str]:
-    lines = ["| category (requests) | " + " | ".join(VARIANTS[1:]) + " | after / before | after / best fixed |",
-             "|---|" + "---|" * (len(VARIANTS) + 1)]
-    for c, n, s in ratio_medians(rows, VARIANTS, key, better):
-        lines.append(f"| {c} ({n}) | " + " | ".join(f"{s[v]:.2f}x" for v in VARIANTS[1:]) +
-                     f" | {s['auto-after'] / s['auto-before']:.2f} | {s['auto-after'] / max(s['draft'], 1.0):.2f} |")
-    return lines
+    return ratio_table(rows, VARIANTS, key, better,
+                       [("after / before", lambda s: s["auto-after"] / s["auto-before"]),
+                        ("after / best fixed", lambda s: s["auto-after"] / max(s["draft"], 1.0))])
 
 
 def report(rows) -> str:
@@ -77,10 +71,8 @@ def report(rows) -> str:
     out += ["", "End to end (speculation off's request time over the variant's):", ""]
     out += table(rows, "e2e_s", lambda x, b: b / x)
     for v in VARIANTS[2:]:
-        ran = collections.Counter(f"{r['category']} {r['method']}" for r in rows if r["variant"] == v)
         tripped = sum("plain decoding" in (r["reason"] or "") for r in rows if r["variant"] == v)
-        out += ["", f"{v} ran: " + ", ".join(f"{k} x{n}" for k, n in sorted(ran.items())) +
-                f"; the guard turned {tripped} to plain decoding"]
+        out += ["", f"{v} ran: {methods_ran(rows, v)}; the guard turned {tripped} to plain decoding"]
     out += ["", f"Text identical to speculation off: {same} of {others}."]
     return "\n".join(out) + "\n"
 
