@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from specdec.bench.interleaved import interleave, methods_ran, ratio_medians, ratio_table, same_text, save
+from specdec.bench.interleaved import interleave, methods_ran, ratio_medians, ratio_table, same_text, save, speed_tables
 
 
 def test_every_prompt_runs_every_variant_in_a_rotated_order_before_the_next(capsys):
@@ -48,3 +48,17 @@ def test_the_ratio_table_methods_and_saved_run(tmp_path, capsys):
     save(tmp_path, {"rows": rows}, "report\n")
     assert (tmp_path / "report.md").read_text() == "report\n" and capsys.readouterr().out == "report\n\n"
     assert json.loads((tmp_path / "results.json").read_text())["rows"][1]["s"] == 30
+
+
+def test_speed_tables_put_decode_over_off_then_off_over_the_variant():
+    seen = []
+
+    def table(rows, key, better):
+        seen.append((key, better(2.0, 4.0)))
+        return [f"| {key} |"]
+
+    got = speed_tables([], table, " (note)", ": read counts")
+    assert seen == [("decode_tok_s", 0.5), ("e2e_s", 2.0)]
+    assert got == ["Decode speed (tokens after the first over the time after the first), over speculation off's "
+                   "(note):", "", "| decode_tok_s |", "",
+                   "End to end (speculation off's request time over the variant's: read counts):", "", "| e2e_s |"]

@@ -82,3 +82,13 @@ def save(out: Path, payload: dict, report: str) -> None:
     (out / "results.json").write_text(json.dumps(payload, indent=1))
     (out / "report.md").write_text(report)
     print(report)
+
+
+def speed_tables(rows: list[dict], table: Callable[[list[dict], str, Callable], list[str]], decode_note: str = "",
+                 e2e_note: str = "") -> list[str]:
+    """A report's two tables, each by table(rows, key, better): decode speed over speculation off's, then its request
+    time over the variant's (end to end); a note may follow either heading's wording."""
+    return (["Decode speed (tokens after the first over the time after the first), over speculation off's"
+             f"{decode_note}:", "", *table(rows, "decode_tok_s", lambda x, b: x / b), "",
+             f"End to end (speculation off's request time over the variant's{e2e_note}):", "",
+             *table(rows, "e2e_s", lambda x, b: b / x)])

@@ -14,7 +14,7 @@ from pathlib import Path
 from specdec import LLM, SamplingParams
 from specdec.bench.datasets import load_prompts
 from specdec.bench.idle import wait_until_idle
-from specdec.bench.interleaved import interleave, ratio_table, request_figures, same_text, save
+from specdec.bench.interleaved import interleave, ratio_table, request_figures, same_text, save, speed_tables
 from specdec.config import SpeculativeConfig
 from specdec.policy.cost_model import expected_tokens
 from specdec.policy.decide import LOOKUP, MODEL, StepController, effective_alpha
@@ -87,11 +87,7 @@ def table(rows, key, better) -> list[str]:
 
 def report(rows) -> str:
     same, others = same_text(rows)
-    out = ["Decode speed (tokens after the first over the time after the first), over speculation off's:", ""]
-    out += table(rows, "decode_tok_s", lambda x, b: x / b)
-    out += ["", "End to end (speculation off's request time over the variant's: a draft's prompt read counts "
-            "wherever it is paid):", ""]
-    out += table(rows, "e2e_s", lambda x, b: b / x)
+    out = speed_tables(rows, table, e2e_note=": a draft's prompt read counts wherever it is paid")
     out += ["", f"Text identical to speculation off: {same} of {others}."]
     return "\n".join(out) + "\n"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from specdec import LLM, SamplingParams
 from specdec.bench.datasets import load_prompts
 from specdec.bench.idle import wait_until_idle
-from specdec.bench.interleaved import interleave, ratio_table, request_figures, same_text, save
+from specdec.bench.interleaved import interleave, ratio_table, request_figures, same_text, save, speed_tables
 from specdec.config import SpeculativeConfig
 from specdec.policy.decide import StepController
 
@@ -70,10 +70,7 @@ def table(rows, key, better) -> list[str]:
 
 def report(rows) -> str:
     same, others = same_text(rows)
-    out = ["Decode speed (tokens after the first over the time after the first), over speculation off's:", ""]
-    out += table(rows, "decode_tok_s", lambda x, b: x / b)
-    out += ["", "End to end (speculation off's request time over the variant's):", ""]
-    out += table(rows, "e2e_s", lambda x, b: b / x)
+    out = speed_tables(rows, table)
     moved = [r for r in rows if r["variant"] == "auto-after" and "moved to" in (r["reason"] or "")]
     out += ["", f"Requests of auto-after that moved to the draft: {len(moved)}"]
     out += [f"- round {r['round']} prompt {r['prompt']} ({r['category']}): {r['reason']}" for r in moved]

@@ -13,7 +13,15 @@ from pathlib import Path
 from specdec import LLM, SamplingParams
 from specdec.bench.datasets import load_prompts
 from specdec.bench.idle import wait_until_idle
-from specdec.bench.interleaved import interleave, methods_ran, ratio_table, request_figures, same_text, save
+from specdec.bench.interleaved import (
+    interleave,
+    methods_ran,
+    ratio_table,
+    request_figures,
+    same_text,
+    save,
+    speed_tables,
+)
 from specdec.config import SpeculativeConfig
 from specdec.policy.clock import StepClock
 from specdec.policy.decide import StepController
@@ -65,11 +73,7 @@ def table(rows, key, better) -> list[str]:
 
 def report(rows) -> str:
     same, others = same_text(rows)
-    out = ["Decode speed (tokens after the first over the time after the first), over speculation off's "
-           "(best fixed: the fixed draft, or off where it loses):", ""]
-    out += table(rows, "decode_tok_s", lambda x, b: x / b)
-    out += ["", "End to end (speculation off's request time over the variant's):", ""]
-    out += table(rows, "e2e_s", lambda x, b: b / x)
+    out = speed_tables(rows, table, " (best fixed: the fixed draft, or off where it loses)")
     for v in VARIANTS[2:]:
         tripped = sum("plain decoding" in (r["reason"] or "") for r in rows if r["variant"] == v)
         out += ["", f"{v} ran: {methods_ran(rows, v)}; the guard turned {tripped} to plain decoding"]
