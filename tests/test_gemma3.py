@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from conftest import make_tokenizer
+from model_cache import gguf_read_once
 
 from specdec import LLM, SamplingParams, SpeculativeConfig
 from specdec.models.loader import load_model
@@ -126,8 +127,9 @@ def _gemma_reference(gguf, prompts: list[str], max_new_tokens: int) -> dict:
     path = cache_dir() / "test-references" / f"{gguf.stem}-{key}.pt"
     if path.is_file():
         return torch.load(path)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = Gemma3ForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    with gguf_read_once():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = Gemma3ForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     out = {"texts": [tok(t)["input_ids"] for t in GEMMA_TEXTS], "prompts": [],
            "greedy": []}
     for prompt in prompts:

@@ -368,6 +368,21 @@ def test_gguf_blocks_map_without_loss(qtype):
     assert ((out - x @ ref.T).norm() / (x @ ref.T).norm()) < 0.02     # activations' int8 rounding
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+def test_gguf_dequantize_in_longer_runs_is_ggufs_own_bit_for_bit(qtype):
+    """The conversion's reference dequantization (gguf's row function over runs of DEQUANT_ROWS rows, a last run
+    partial) gives gguf.quants.dequantize's float32 bits."""
+    gguf = pytest.importorskip("gguf")
+    from specdec.models.quantization.gguf_blocks import DEQUANT_ROWS, gguf_dequantize
+
+    n, k = 2 * DEQUANT_ROWS + 5, 256
+    raw = _random_blocks(qtype, n, k)
+    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(n, k)
+    got = gguf_dequantize(raw, gguf.GGMLQuantizationType[qtype])
+    assert got.shape == (n, k) and got.dtype == np.float32
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.real_models
 def test_real_target_blocks_map_without_loss():
     from specdec.gguf_file import open_gguf

@@ -1,6 +1,7 @@
 """Parity on the real default pair (assembled from the installed part packages; run in CI)."""
 import pytest
 import torch
+from model_cache import gguf_read_once
 
 from specdec import LLM, SamplingParams, SpeculativeConfig
 from specdec.models.loader import load_model
@@ -41,9 +42,10 @@ def _transformers_reference(gguf, messages) -> dict:
     path = cache_dir() / "test-references" / f"{gguf.stem}-{key}.pt"
     if path.is_file():
         return torch.load(path)
-    ref_tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    ids = ref_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    ref = Qwen2ForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32).eval()
+    with gguf_read_once():
+        ref_tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        ids = ref_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ref = Qwen2ForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         logits = ref(torch.tensor([ids])).logits[0]
     out = {"ids": list(ids), "logits": logits}

@@ -24,6 +24,25 @@ from .blocks import BlockCodes, concat, dequantize, quantize_blocks, quantize_in
 
 EXACT_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")
 
+DEQUANT_ROWS = 64   # rows per call of gguf's row function: its public dequantize walks 16 at a time, 2x slower here
+
+
+def gguf_dequantize(data: np.ndarray, qtype) -> np.ndarray:
+    """gguf's own dequantization of a block-quantized array ([rows, bytes] -> float32 [rows, k]), its row function
+    called on runs of DEQUANT_ROWS rows: the same arithmetic as gguf.quants.dequantize, in half the time on a 1.5B
+    file (whose every tensor the conversion dequantizes, to check the codes it keeps). A type without a row
+    function goes through gguf.quants.dequantize."""
+    import gguf
+
+    arr = np.asarray(data)
+    cls = getattr(gguf.quants, qtype.name, None)
+    if cls is None or not hasattr(cls, "dequantize_rows") or arr.ndim < 1:
+        return gguf.quants.dequantize(arr, qtype)
+    rows = arr.reshape(-1, arr.shape[-1])
+    cls.init_grid()
+    return np.concatenate([cls.dequantize_rows(rows[i:i + DEQUANT_ROWS]).reshape(len(rows[i:i + DEQUANT_ROWS]), -1)
+                           for i in range(0, len(rows), DEQUANT_ROWS)])
+
 
 def _q4_k(raw: np.ndarray, n: int, k: int) -> BlockCodes:
     b = raw.reshape(-1, 144)                                   # one row of the block table per 256 k
@@ -70,10 +89,8 @@ def codes_from_gguf(tensor) -> BlockCodes:
 
 
 def _codes_from_rows(raw: np.ndarray, k: int, qtype, tensor_name: str) -> BlockCodes:
-    import gguf
-
     name, n = qtype.name, raw.shape[0]
-    ref = gguf.quants.dequantize(raw, qtype).reshape(n, k)
+    ref = gguf_dequantize(raw, qtype).reshape(n, k)
     if name == "Q4_K":
         codes = _q4_k(raw, n, k)
     elif name == "Q6_K":
@@ -99,10 +116,8 @@ def codes_for_bits(tensor, bits: int) -> BlockCodes:
 
 def dequantized(tensor) -> torch.Tensor:
     """A GGUF tensor's weights as fp32 [N, K], as gguf dequantizes them."""
-    import gguf
-
     n, k = (int(v) for v in reversed(tensor.shape))
-    w = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type) \
+    w = gguf_dequantize(np.asarray(tensor.data), tensor.tensor_type) \
         if tensor.tensor_type.name not in ("F32", "F16") else np.asarray(tensor.data, dtype=np.float32)
     return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).view(n, k)
 
