@@ -36,12 +36,12 @@ def gguf_dequantize(data: np.ndarray, qtype) -> np.ndarray:
 
     arr = np.asarray(data)
     cls = getattr(gguf.quants, qtype.name, None)
-    if cls is None or not hasattr(cls, "dequantize_rows") or arr.ndim < 1:
+    if cls is None or not hasattr(cls, "dequantize_rows"):
         return gguf.quants.dequantize(arr, qtype)
     rows = arr.reshape(-1, arr.shape[-1])
     cls.init_grid()
-    return np.concatenate([cls.dequantize_rows(rows[i:i + DEQUANT_ROWS]).reshape(len(rows[i:i + DEQUANT_ROWS]), -1)
-                           for i in range(0, len(rows), DEQUANT_ROWS)])
+    runs = (rows[i:i + DEQUANT_ROWS] for i in range(0, len(rows), DEQUANT_ROWS))
+    return np.concatenate([cls.dequantize_rows(run).reshape(len(run), -1) for run in runs])
 
 
 def _q4_k(raw: np.ndarray, n: int, k: int) -> BlockCodes:
