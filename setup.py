@@ -35,7 +35,7 @@ def extensions():
         "specdec._C",
         # torch_ops.cpp includes bindings, ops, attention and bf16_linear: one parse of torch's headers for the four
         ["csrc/torch_ops.cpp", "csrc/qlinear_portable.cpp", "csrc/qlinear_avx512.cpp", "csrc/qlinear_avx2.cpp",
-         "csrc/qlinear_amx.cpp"],
+         "csrc/qlinear_amx.cpp", "csrc/attention_amx.cpp"],
         # -fopenmp: at::parallel_for is header code; without it the kernel runs on one thread.
         # -ffp-contract=off: the portable kernel must round exactly where the AVX-512 kernel does.
         # -g0: Python's own flags ask for debug info, a third of torch_ops.cpp's compile time (62 s -> 39 s on two

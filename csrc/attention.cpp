@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_amx.h"
 #include "ops.h"
 #include "vec_math.h"
 
@@ -89,32 +90,11 @@ void attend_scalar(const T* q, const T* kc, const T* vc, int64_t d, int64_t nkey
 // pair's own keys in key order, one FMA per key and column, then one multiply by 1 / total. Which rows, heads and
 // keys share a block decides only which loads are shared. (tests/test_cpu_ops.py checks rows alone against rows in
 // blocks on every path this CPU runs; tests/test_trees.py tree rows against chain rows.)
+using specdec::softmax_avx512;
 using specdec::vexp;
 using specdec::vload;
 using specdec::vstore;
 namespace v2 = specdec::avx2;
-
-// s[0..nkeys) <- exp(s - max s), in place; returns their sum (the softmax's denominator).
-SPECDEC_AVX512F inline float softmax_avx512(float* s, int64_t nkeys) {
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
-    int64_t j = 0;
-    for (; j + 16 <= nkeys; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
-    const __mmask16 tail = __mmask16((1u << (nkeys - j)) - 1);
-    vmax = _mm512_mask_max_ps(vmax, tail, vmax, _mm512_maskz_loadu_ps(tail, s + j));
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
-    __m512 vsum = _mm512_setzero_ps();
-    for (j = 0; j + 16 <= nkeys; j += 16) {
-        const __m512 e = vexp(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
-        _mm512_storeu_ps(s + j, e);
-        vsum = _mm512_add_ps(vsum, e);
-    }
-    if (tail) {
-        const __m512 e = _mm512_maskz_mov_ps(tail, vexp(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), m)));
-        _mm512_mask_storeu_ps(s + j, tail, e);
-        vsum = _mm512_add_ps(vsum, e);
-    }
-    return _mm512_reduce_add_ps(vsum);
-}
 
 // The query heads of one KV group (G of them) attend together: each key and value row is read once for all G
 // instead of once per head, which is what a verification row costs at long context (the cache of a layer no
@@ -319,16 +299,7 @@ SPECDEC_AVX512BF16 void attend_heads_dp(const uint16_t* q, int64_t q_stride, con
     for (int g = 0; g < G; ++g) {
         float* sg = s + g * nkeys;
         softmax_avx512(sg, nkeys);
-        // the weights in bf16, in key order (a 32-bit word at an even key is the pair j, j + 1), and their sum
-        uint16_t* wg = w + g * wstride;
-        __m512 vsum = _mm512_setzero_ps();
-        for (int64_t i = 0; i < nkeys; i += 16) {
-            const __mmask16 m = nkeys - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (nkeys - i)) - 1);
-            const __m512 r = _mm512_maskz_mov_ps(m, specdec::round_like(_mm512_maskz_loadu_ps(m, sg + i), wg));
-            vstore(wg + i, r);   // lanes past the last key store 0 (within wstride): an odd last key's partner
-            vsum = _mm512_add_ps(vsum, r);
-        }
-        inv[g] = 1.0f / _mm512_reduce_add_ps(vsum);
+        inv[g] = 1.0f / specdec::bf16_weights(sg, nkeys, w + g * wstride);
     }
     if (nq % 2 == 0 && G <= 6)
         weighted_values_dp<G, 2>(vc, d, nkeys, slot, w, wstride, inv, out, out_stride);
@@ -572,8 +543,15 @@ bool has_bf16_dot() { return false; }
 #endif
 
 // Rows of one sequence attend together in blocks of up to kRowBlock (the scores of a block: rows x heads x keys
-// floats per thread); a task is one block and the query heads of one KV group (or part of them).
-constexpr int64_t kRowBlock = 8;
+// floats per thread); a task is one block and the query heads of one KV group (or part of them). On AMX tiles a
+// block is kTileBlock rows: its groups of rows share one interleaving of the values (attention_amx.cpp).
+constexpr int64_t kRowBlock = 8, kTileBlock = 32;
+
+// Whether rows of this dtype and head size take the AMX-BF16 tiles under impl (those whose keys start at key 0).
+bool on_tiles(int64_t impl, at::ScalarType dtype, int64_t d) {
+    return dtype == at::kBFloat16 && d % 32 == 0 && d <= 256 &&
+           (impl == specdec::kOpsAmx || (impl == specdec::kOpsAuto && specdec::cpu_has_amx_bf16()));
+}
 
 struct DecodeTask {
     int64_t seq;           // its sequence
@@ -603,9 +581,14 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
     const float scale = 1.0f / std::sqrt(float(d));
     // impl 4 (AVX-512 BF16) is attention's own; auto takes it for bf16 caches where the CPU has vdpbf16ps
     TORCH_CHECK(impl != specdec::kOpsAvx512Bf16 || has_bf16_dot(), "ragged_attention: this CPU lacks AVX-512 BF16");
-    const bool dot = std::is_same_v<B, uint16_t> && d % 32 == 0 && d <= 256 &&
-                     (impl == specdec::kOpsAvx512Bf16 || (impl == specdec::kOpsAuto && has_bf16_dot()));
-    const int path = specdec::ops_path(impl == specdec::kOpsAvx512Bf16 ? specdec::kOpsAvx512 : impl,
+    TORCH_CHECK(impl != specdec::kOpsAmx || specdec::cpu_has_amx_bf16(),
+                "ragged_attention: this CPU (or its kernel) does not run AMX-BF16");
+    // impl 5 (AMX-BF16 tiles) likewise, ahead of it: every row whose keys start at key 0 (a sliding window's rows
+    // past its width keep vdpbf16ps); either way the path is a function of the row, never of its neighbours
+    const bool fits = std::is_same_v<B, uint16_t> && d % 32 == 0 && d <= 256;
+    const bool tiles = fits && on_tiles(impl, q.scalar_type(), d);
+    const bool dot = fits && (tiles || impl == specdec::kOpsAvx512Bf16 || (impl == specdec::kOpsAuto && has_bf16_dot()));
+    const int path = specdec::ops_path(impl >= specdec::kOpsAvx512Bf16 ? specdec::kOpsAvx512 : impl,
                                        d % 16 == 0 && d <= 256, d % 8 == 0 && d <= 256, "ragged_attention");
     at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
         std::vector<float> scratch;
@@ -613,11 +596,27 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
 #ifdef SPECDEC_HAVE_AVX512
         RowsScratch rows_scratch;
 #endif
+        specdec::TileScratch tile_scratch;
+        std::vector<specdec::TileRow> tile_rows;
         for (int64_t t = t0; t < t1; ++t) {
             const DecodeTask& task = tasks[t];
             const int64_t g = task.head / group, cap = caps[task.seq];
             const T* kc = kbase[task.seq] + g * cap * d;
             const T* vc = vbase[task.seq] + g * cap * d;
+            if (tiles) {
+                tile_rows.clear();
+                for (int64_t r = task.first; r < task.first + task.nrows; ++r) {
+                    const RowKeys& rk = row_keys[r];
+                    if (rk.first != 0) continue;
+                    tile_rows.push_back({reinterpret_cast<const uint16_t*>(qp + rk.row * qs0 + task.head * qs1),
+                                         reinterpret_cast<uint16_t*>(op + rk.row * hq * d + task.head * d), rk.nkeys,
+                                         rk.slots.nprefix, rk.slots.path});
+                }
+                if (!tile_rows.empty())
+                    specdec::attend_tiles(tile_rows.data(), int(tile_rows.size()), int(task.nh), qs1, d,
+                                          reinterpret_cast<const uint16_t*>(kc), reinterpret_cast<const uint16_t*>(vc),
+                                          d, scale, tile_scratch);
+            }
 #ifdef SPECDEC_HAVE_AVX512
             if (path == specdec::kOpsAvx2) {
                 attend_rows<B>(row_keys.data() + task.first, int(task.nrows), int(task.nh),
@@ -629,6 +628,7 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
 #endif
             for (int64_t r = task.first; r < task.first + task.nrows; ++r) {
                 const RowKeys& rk = row_keys[r];
+                if (tiles && rk.first == 0) continue;   // attended above
                 const int64_t nkeys = rk.nkeys - rk.first;
                 const KeySlots slots = rk.window_slots();
                 if (int64_t(scratch.size()) < task.nh * nkeys) scratch.resize(task.nh * nkeys + 256);
@@ -701,7 +701,8 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
     std::vector<int64_t> first_row(nseq);
     for (size_t i = 0, acc = 0; i < nseq; acc += counts[i], ++i) first_row[i] = int64_t(acc);
     std::vector<RowKeys> row_keys;                 // the decode runs' rows, run by run
-    std::vector<std::array<int64_t, 3>> blocks;    // (sequence, first, rows) of up to kRowBlock rows of one run
+    std::vector<std::array<int64_t, 3>> blocks;    // (sequence, first, rows) of up to block_rows rows of one run
+    const int64_t block_rows = on_tiles(impl, q.scalar_type(), d) ? kTileBlock : kRowBlock;
     const int64_t hkv = k.size(1);
     TORCH_CHECK(hkv >= 1 && hq % hkv == 0, "ragged_attention: query heads must be a multiple of KV heads");
     TORCH_CHECK(window >= 0, "ragged_attention: window must be >= 0 (0: none)");
@@ -736,8 +737,8 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
                     row_keys.push_back({row, pos + 1, KeySlots{pos + 1, nullptr}, window_start(pos + 1)});
                 }
             }
-            for (int64_t b = int64_t(row_keys.size()) - t; b < int64_t(row_keys.size()); b += kRowBlock)
-                blocks.push_back({int64_t(i), b, std::min(kRowBlock, int64_t(row_keys.size()) - b)});
+            for (int64_t b = int64_t(row_keys.size()) - t; b < int64_t(row_keys.size()); b += block_rows)
+                blocks.push_back({int64_t(i), b, std::min(block_rows, int64_t(row_keys.size()) - b)});
             continue;
         }
         TORCH_CHECK(key_len <= kcs[i].size(1), "ragged_attention: cache too small");
@@ -775,6 +776,16 @@ torch::Tensor ragged_attention(const torch::Tensor& q, const torch::Tensor& k, c
         for (int64_t g = 0; g < hkv; ++g)
             for (int64_t h = g * group; h < (g + 1) * group; h += per)
                 tasks.push_back({b[0], b[1], b[2], h, std::min(per, (g + 1) * group - h)});
+    // at::parallel_for hands each thread one contiguous range of tasks, and a prompt chunk's later rows attend over
+    // more keys (on two threads, the second half of a first chunk's rows holds three quarters of its work): taken
+    // from both ends in turn (first, last, second, second last, ...), every range holds early and late rows alike
+    std::vector<DecodeTask> order;
+    order.reserve(tasks.size());
+    for (size_t a = 0, b = tasks.size(); a < b;) {
+        order.push_back(tasks[a++]);
+        if (a < b) order.push_back(tasks[--b]);
+    }
+    tasks.swap(order);
     if (!tasks.empty()) {
         TORCH_CHECK(q.stride(2) == 1 && q.scalar_type() == kcs[0].scalar_type(), "ragged_attention: q must match the cache");
         std::vector<int64_t> caps(nseq);
@@ -808,6 +819,8 @@ void register_attention(pybind11::module_& m) {
           pybind11::arg("run_seq"), pybind11::arg("run_row"), pybind11::arg("run_rows"), pybind11::arg("run_keys"),
           pybind11::arg("run_masks"), pybind11::arg("run_decode"), pybind11::arg("run_trees"),
           pybind11::arg("impl") = 0, pybind11::arg("window") = 0);
+    m.def("has_amx_bf16", &specdec::cpu_has_amx_bf16,
+          "the CPU runs attention on AMX-BF16 tiles (and Linux granted the tile state)");
 }
 
 }  // namespace specdec

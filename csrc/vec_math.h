@@ -2,12 +2,14 @@
 // Everything is deterministic (a fixed instruction sequence per lane), so a value never depends on which
 // other values share its vector or call.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 namespace specdec {
 // Which path an op runs (the `impl` argument of silu_mul and ragged_attention): 0 the best this CPU has.
 // kOpsAvx512Bf16: ragged_attention only, bf16 caches on a CPU with AVX-512 BF16 (vdpbf16ps).
-enum OpsImpl { kOpsAuto = 0, kOpsScalar = 1, kOpsAvx512 = 2, kOpsAvx2 = 3, kOpsAvx512Bf16 = 4 };
+// kOpsAmx: ragged_attention only, bf16 caches on a CPU with AMX-BF16 tiles (attention_amx.cpp).
+enum OpsImpl { kOpsAuto = 0, kOpsScalar = 1, kOpsAvx512 = 2, kOpsAvx2 = 3, kOpsAvx512Bf16 = 4, kOpsAmx = 5 };
 }  // namespace specdec
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -68,6 +70,42 @@ SPECDEC_AVX512F inline __m512 vexp(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_maskz_mov_ps(~under, _mm512_scalef_ps(p, n));
+}
+
+// s[0..nkeys) <- exp(s - max s), in place; returns their sum (the softmax's denominator).
+SPECDEC_AVX512F inline float softmax_avx512(float* s, int64_t nkeys) {
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 16 <= nkeys; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
+    const __mmask16 tail = __mmask16((1u << (nkeys - j)) - 1);
+    vmax = _mm512_mask_max_ps(vmax, tail, vmax, _mm512_maskz_loadu_ps(tail, s + j));
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+    __m512 vsum = _mm512_setzero_ps();
+    for (j = 0; j + 16 <= nkeys; j += 16) {
+        const __m512 e = vexp(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
+        _mm512_storeu_ps(s + j, e);
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    if (tail) {
+        const __m512 e = _mm512_maskz_mov_ps(tail, vexp(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), m)));
+        _mm512_mask_storeu_ps(s + j, tail, e);
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    return _mm512_reduce_add_ps(vsum);
+}
+
+// The softmax's numerators e[0..n) rounded to bf16 into w, in key order (a 32-bit word at an even key is the pair
+// j, j + 1), and the sum of the rounded weights. Lanes past the last key store 0 up to the next multiple of 16 (an
+// odd last key's partner).
+SPECDEC_AVX512F inline float bf16_weights(const float* e, int64_t n, uint16_t* w) {
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+        const __m512 r = _mm512_maskz_mov_ps(m, round_like(_mm512_maskz_loadu_ps(m, e + i), w));
+        vstore(w + i, r);
+        vsum = _mm512_add_ps(vsum, r);
+    }
+    return _mm512_reduce_add_ps(vsum);
 }
 
 // ---- AVX2 + FMA: the same helpers over 8 lanes (CPUs without AVX-512) -------------------------------------

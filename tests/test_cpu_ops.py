@@ -146,8 +146,9 @@ def _decode_caches(dtype, cached, seed=30, layers=2, hkv=2, d=128, capacity=384)
 
 
 PATHS = cpu_ops.ops_paths()      # the compiled paths this CPU runs: scalar, and avx512 / avx2 where present
-# attention has one more where the CPU has AVX-512 BF16: its bf16 rows on vdpbf16ps (fp32 rows take the AVX-512 one)
-ATTN_PATHS = PATHS + (["avx512bf16"] if ext.has_avx512_bf16() else [])
+# attention has more where the CPU has AVX-512 BF16 (its bf16 rows on vdpbf16ps) and AMX-BF16 (on tile products);
+# fp32 rows take the AVX-512 path on both
+ATTN_PATHS = PATHS + (["avx512bf16"] if ext.has_avx512_bf16() else []) + (["amx"] if ext.has_amx_bf16() else [])
 
 
 def test_ops_paths_follow_the_cpu():
@@ -245,18 +246,41 @@ def test_silu_mul_matches_eager(dtype, inter, path):
 @pytest.mark.skipif("avx512bf16" not in ATTN_PATHS, reason="this CPU lacks AVX-512 BF16 (vdpbf16ps)")
 def test_bf16_dot_attention_is_auto_and_within_a_bf16_rounding_of_the_fp32_walk():
     """On an AVX-512 BF16 CPU auto attends bf16 rows with vdpbf16ps (its scores pair-wise, its weights rounded to
-    bf16): the output stays within a bf16 rounding or two of the fp32 walk's and of the scalar reference, over key
-    counts odd and even, in and past the 16-key blocks."""
+    bf16), or on AMX-BF16 tiles where the CPU has them: the output stays within a bf16 rounding or two of the fp32
+    walk's and of the scalar reference, over key counts odd and even, in and past the 16-key blocks."""
     hq, hkv, d, t = 12, 2, 128, 19
     for cached in (0, 15, 62, 333):
         q, k, v = (_rand(t, h, d, dtype=torch.bfloat16, seed=s + cached) for h, s in ((hq, 90), (hkv, 91), (hkv, 92)))
         outs = {}
-        for p in ("auto", "avx512bf16", "avx512", "scalar"):
+        for p in ("auto", "avx512bf16", "avx512", "scalar") + (("amx",) if "amx" in ATTN_PATHS else ()):
             kv = _decode_caches(torch.bfloat16, cached)
             outs[p] = cpu_ops.ragged_attention(q, k, v, causal_metadata([(kv, cached, t, True)], 6, 64), 0, impl=p)
-        assert torch.equal(outs["auto"], outs["avx512bf16"]) and not torch.equal(outs["avx512bf16"], outs["avx512"])
+        best = "amx" if "amx" in ATTN_PATHS else "avx512bf16"
+        assert torch.equal(outs["auto"], outs[best]) and not torch.equal(outs["avx512bf16"], outs["avx512"])
         for p in ("avx512", "scalar"):
             torch.testing.assert_close(outs["avx512bf16"], outs[p], atol=8e-3, rtol=2 ** -7)
+
+
+@pytest.mark.skipif("amx" not in ATTN_PATHS, reason="this CPU lacks AMX-BF16 (or Linux did not grant the tiles)")
+@pytest.mark.parametrize("hq,hkv,d", [(12, 2, 128), (14, 2, 64), (4, 1, 256), (34, 2, 32)])
+def test_amx_attention_is_its_rows_own_and_close_to_the_vdpbf16ps_walk(hq, hkv, d):
+    """The tile path: each row's bits are its own (alone against 19 rows together, over key counts in and past the
+    16-key score tiles and 32-key value products), within a bf16 rounding or two of the vdpbf16ps walk and the
+    scalar reference; 17 heads per KV group (more than a tile's 16 columns) included."""
+    t = 19
+    for cached in (0, 13, 31, 32, 100):
+        q, k, v = (_rand(t, h, d, dtype=torch.bfloat16, seed=s + cached) for h, s in ((hq, 95), (hkv, 96), (hkv, 97)))
+        outs = {}
+        for p in ("amx", "avx512bf16", "scalar"):
+            kv = _decode_caches(torch.bfloat16, cached, hkv=hkv, d=d)
+            outs[p] = cpu_ops.ragged_attention(q, k, v, causal_metadata([(kv, cached, t, True)], 6, 64), 0, impl=p)
+        for p in ("avx512bf16", "scalar"):
+            torch.testing.assert_close(outs["amx"], outs[p], atol=8e-3, rtol=2 ** -7)
+        kv = _decode_caches(torch.bfloat16, cached, hkv=hkv, d=d)
+        for i in range(t):   # each step writes its own key, as decoding does
+            alone = cpu_ops.ragged_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1],
+                                             causal_metadata([(kv, cached + i, 1, True)], 6, 64), 0, impl="amx")
+            assert torch.equal(alone, outs["amx"][i:i + 1]), (cached, i)
 
 
 def test_vector_paths_agree_closely():

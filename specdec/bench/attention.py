@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--contexts", default="64,1024,2048,4096", help="comma list of cached tokens before the rows")
     ap.add_argument("--rows", default="1,2,4,8,16", help="comma list of rows (verification rows of one sequence)")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--impl", default="auto", choices=["auto", "scalar", "avx512", "avx2", "avx512bf16"])
+    ap.add_argument("--impl", default="auto", choices=["auto", "scalar", "avx512", "avx2", "avx512bf16", "amx"])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--model", default=None, help="time whole forwards of this model (its cache, its dtype)")

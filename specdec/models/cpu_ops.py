@@ -29,7 +29,7 @@ def fused_available(t: torch.Tensor) -> bool:
 
 
 # The `impl` of silu_mul and ragged_attention: which compiled path runs (auto: the best this CPU has).
-OPS_IMPLS = {"auto": 0, "scalar": 1, "avx512": 2, "avx2": 3, "avx512bf16": 4}   # avx512bf16: attention only
+OPS_IMPLS = {"auto": 0, "scalar": 1, "avx512": 2, "avx2": 3, "avx512bf16": 4, "amx": 5}   # the last two: attention
 
 
 def ops_paths() -> list[str]:
