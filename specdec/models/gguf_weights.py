@@ -130,21 +130,9 @@ def _unpermute_llama(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def dequantize(tensor) -> np.ndarray:
     """One GGUF tensor -> float32 array in PyTorch's [out, in] layout."""
-    import gguf
+    from .quantization.gguf_blocks import tensor_floats
 
-    from .quantization.gguf_blocks import gguf_dequantize
-
-    qtype = tensor.tensor_type
-    if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16):
-        out = gguf.quants.dequantize(tensor.data, qtype) if qtype == gguf.GGMLQuantizationType.BF16 else tensor.data
-        out = np.asarray(out, dtype=np.float32)
-    else:
-        try:
-            out = gguf_dequantize(tensor.data, qtype)   # gguf's arithmetic, in longer runs of rows
-        except NotImplementedError:
-            raise SpecDecError(f"GGUF tensor {tensor.name}: quantization {qtype.name} is not supported") from None
-    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost first
-    return out.reshape(shape)
+    return tensor_floats(tensor)
 
 
 def iter_hf_tensors(reader, cfg: ModelConfig) -> Iterator[tuple[str, object]]:

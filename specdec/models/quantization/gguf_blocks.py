@@ -114,12 +114,27 @@ def codes_for_bits(tensor, bits: int) -> BlockCodes:
     return quantize_blocks(dequantized(tensor), bits, search=True)
 
 
+def tensor_floats(tensor) -> np.ndarray:
+    """One GGUF tensor's values as float32 in PyTorch's [out, in] layout (GGUF lists dims innermost first), as gguf
+    dequantizes them; F32 and F16 as they are. A type gguf cannot dequantize is one SpecDecError line."""
+    import gguf
+
+    qtype = tensor.tensor_type
+    if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+        out = np.asarray(tensor.data, dtype=np.float32)
+    elif qtype == gguf.GGMLQuantizationType.BF16:
+        out = np.asarray(gguf.quants.dequantize(tensor.data, qtype), dtype=np.float32)
+    else:
+        try:
+            out = gguf_dequantize(np.asarray(tensor.data), qtype)   # gguf's arithmetic, in longer runs of rows
+        except NotImplementedError:
+            raise SpecDecError(f"GGUF tensor {tensor.name}: quantization {qtype.name} is not supported") from None
+    return out.reshape(tuple(int(d) for d in reversed(tensor.shape)))
+
+
 def dequantized(tensor) -> torch.Tensor:
-    """A GGUF tensor's weights as fp32 [N, K], as gguf dequantizes them."""
-    n, k = (int(v) for v in reversed(tensor.shape))
-    w = gguf_dequantize(np.asarray(tensor.data), tensor.tensor_type) \
-        if tensor.tensor_type.name not in ("F32", "F16") else np.asarray(tensor.data, dtype=np.float32)
-    return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).view(n, k)
+    """A GGUF tensor's weights as a contiguous fp32 tensor [N, K] (tensor_floats)."""
+    return torch.from_numpy(np.ascontiguousarray(tensor_floats(tensor), dtype=np.float32))
 
 
 def codes_for_int4(tensor, exact: bool = True) -> BlockCodes:
