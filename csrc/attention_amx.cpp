@@ -14,18 +14,16 @@
 // vdpbf16ps walk's, per (row, head) over its own keys. So a row's result depends only on its position and keys --
 // the invariant every attention path keeps (tests/test_cpu_ops.py, tests/test_trees.py).
 //
-// Linux grants the tile state on request (arch_prctl ARCH_REQ_XCOMP_PERM, as qlinear_amx.cpp asks).
+// Linux grants the tile state on request (arch_prctl ARCH_REQ_XCOMP_PERM: amx_tiles.h, as for the int8 kernel).
 #include "attention_amx.h"
 
 #include <algorithm>
 #include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
+#include "amx_tiles.h"
 #include "vec_math.h"
 
 #define SPECDEC_AMXBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
@@ -33,29 +31,13 @@
 namespace specdec {
 
 bool cpu_has_amx_bf16() {
-    static const bool ok = [] {
-        unsigned a, b, c, d;
-        if (!cpu_has_avx512_bf16() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-        const bool tile = d & (1u << 24), bf16 = d & (1u << 22);
-        if (!tile || !bf16) return false;
-        constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-        return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-    }();
+    static const bool ok = cpu_has_avx512_bf16() && amx::tiles_granted(amx::kBf16);
     return ok;
 }
 
 namespace {
 
-struct alignas(64) TileConfig {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-SPECDEC_AMXBF16 void configure(const TileConfig& cfg) {
-    // through an operand of the whole 64 bytes (see qlinear_amx.cpp: GCC drops the stores the intrinsic hides)
-    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
-}
+using amx::TileConfig;
 
 constexpr int kValueTiles = 6;   // tmm2..tmm7: accumulators of 16 columns each per pass over the keys
 
@@ -142,7 +124,7 @@ SPECDEC_AMXBF16 void attend_group(const TileRow* rows, int nr, int nh, int64_t q
     cfg.rows[0] = 16, cfg.colsb[0] = uint16_t(4 * P);   // scores: 16 keys x P pairs
     cfg.rows[1] = 16, cfg.colsb[1] = 64;                 // 16 keys x 32 dimensions
     cfg.rows[2] = 16, cfg.colsb[2] = uint16_t(4 * P);   // 16 dimension pairs x P pairs
-    configure(cfg);
+    amx::load_config(cfg);
     float* s = w.s.data();
     const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                               _mm512_set1_epi32(16));
@@ -193,7 +175,7 @@ SPECDEC_AMXBF16 void attend_group(const TileRow* rows, int nr, int nh, int64_t q
     cfg.rows[0] = uint8_t(P), cfg.colsb[0] = 64;
     cfg.rows[1] = 16, cfg.colsb[1] = 64;
     for (int t = 2; t < 2 + kValueTiles; ++t) cfg.rows[t] = uint8_t(P), cfg.colsb[t] = 64;
-    configure(cfg);
+    amx::load_config(cfg);
     const __m512i pairs = pair_order();
     const int ncol = int(d / 16);
     for (int c0 = 0; c0 < ncol; c0 += kValueTiles) {

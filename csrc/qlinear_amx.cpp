@@ -17,11 +17,9 @@
 #include "qlinear.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
+#include "amx_tiles.h"
 #include "qlinear_codes.h"
 
 #define SPECDEC_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
@@ -29,30 +27,17 @@
 namespace specdec {
 
 bool cpu_has_amx() {
-    static const bool ok = [] {
-        unsigned a, b, c, d;
-        if (!cpu_has_avx512_vnni() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-        const bool tile = d & (1u << 24), int8 = d & (1u << 25);
-        if (!tile || !int8) return false;
-        constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-        return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-    }();
+    static const bool ok = cpu_has_avx512_vnni() && amx::tiles_granted(amx::kInt8);
     return ok;
 }
 
 namespace {
 
-struct alignas(64) TileConfig {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
 // tmm0, tmm5: rows0 and rows1 activation rows x 64 k (int8); tmm1, tmm2: 64 k of 16 columns' scaled codes, low and
 // high bytes (16 tile rows of 16 columns x 4 k); tmm3, tmm4: tmm0's products with them, rows0 x 16 int32; tmm6, tmm7:
 // tmm5's (a tile of 0 rows is left unconfigured and unused)
 SPECDEC_AMX void configure(int rows0, int rows1) {
-    TileConfig cfg{};
+    amx::TileConfig cfg{};
     cfg.palette = 1;
     cfg.rows[1] = cfg.rows[2] = 16, cfg.colsb[1] = cfg.colsb[2] = 64;
     cfg.rows[0] = cfg.rows[3] = cfg.rows[4] = uint8_t(rows0);
@@ -61,9 +46,7 @@ SPECDEC_AMX void configure(int rows0, int rows1) {
         cfg.rows[5] = cfg.rows[6] = cfg.rows[7] = uint8_t(rows1);
         cfg.colsb[5] = cfg.colsb[6] = cfg.colsb[7] = 64;
     }
-    // ldtilecfg through an operand of the whole 64 bytes: the intrinsic's operand covers 8 of them, and GCC then
-    // drops the stores of the rest as dead (the tiles stay unconfigured: #UD at the first tile load)
-    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+    amx::load_config(cfg);
 }
 
 // One group's codes times their group scale, q' = sc * q (|q'| <= 128 * 255: an int16), written as two byte planes
