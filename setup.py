@@ -42,6 +42,9 @@ def extensions():
         # Zen 4 cores) for nothing a user runs; symbols stay for perf.
         extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-g0"],
         extra_link_args=["-fopenmp"],
+        # the headers and the sources torch_ops.cpp includes: an edit of one rebuilds the extension (distutils
+        # compares only these and the sources above with the built library)
+        depends=sorted(os.path.join("csrc", f) for f in os.listdir("csrc") if f.endswith((".h", ".cpp"))),
     )
     class ParallelBuild(BuildExtension):
         """Compiles the extension's sources on every core: the default compiles them one after another (without
