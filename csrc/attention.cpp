@@ -586,7 +586,7 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
     // impl 5 (AMX-BF16 tiles) likewise, ahead of it: every row whose keys start at key 0 (a sliding window's rows
     // past its width keep vdpbf16ps); either way the path is a function of the row, never of its neighbours
     const bool fits = std::is_same_v<B, uint16_t> && d % 32 == 0 && d <= 256;
-    const bool tiles = fits && on_tiles(impl, q.scalar_type(), d);
+    const bool tiles = on_tiles(impl, q.scalar_type(), d);   // bf16 and such a d too
     const bool dot = fits && (tiles || impl == specdec::kOpsAvx512Bf16 || (impl == specdec::kOpsAuto && has_bf16_dot()));
     const int path = specdec::ops_path(impl >= specdec::kOpsAvx512Bf16 ? specdec::kOpsAvx512 : impl,
                                        d % 16 == 0 && d <= 256, d % 8 == 0 && d <= 256, "ragged_attention");

@@ -71,6 +71,14 @@ struct Slots {
     inline int64_t operator()(int64_t j) const { return j < nprefix ? j : path[j - nprefix]; }
 };
 
+// 16 columns of two keys' value rows (null: a key past the last, zeros) interleaved, key a's first: one 64-byte row
+// of a value product's second operand.
+SPECDEC_AMXBF16 inline void interleave16(const uint16_t* va, const uint16_t* vb, const __m512i pairs, uint16_t* dst) {
+    const __m512i a = va ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)va)) : _mm512_setzero_si512();
+    const __m512i b = vb ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)vb)) : _mm512_setzero_si512();
+    _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, pairs, b));
+}
+
 // The values of keys 0 .. nkeys - 1 (slots 0 .. nkeys - 1) as the value products' second operand for every group of
 // a task: key pair p's row holds (v[2p][c], v[2p + 1][c]) for each column c; zero from key nkeys to a multiple of 32.
 SPECDEC_AMXBF16 void interleave_values(const uint16_t* vc, int64_t d, int64_t nkeys, const __m512i pairs,
@@ -79,13 +87,8 @@ SPECDEC_AMXBF16 void interleave_values(const uint16_t* vc, int64_t d, int64_t nk
     for (int64_t p = 0; p < span / 2; ++p) {
         const uint16_t* va = 2 * p < nkeys ? vc + 2 * p * d : nullptr;
         const uint16_t* vb = 2 * p + 1 < nkeys ? vc + (2 * p + 1) * d : nullptr;
-        for (int64_t c = 0; c < d; c += 16) {
-            const __m512i a = va ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(va + c)))
-                                 : _mm512_setzero_si512();
-            const __m512i b = vb ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(vb + c)))
-                                 : _mm512_setzero_si512();
-            _mm512_storeu_si512(vt + (p * d + c) * 2, _mm512_permutex2var_epi16(a, pairs, b));
-        }
+        for (int64_t c = 0; c < d; c += 16)
+            interleave16(va ? va + c : nullptr, vb ? vb + c : nullptr, pairs, vt + (p * d + c) * 2);
     }
 }
 
@@ -201,13 +204,9 @@ SPECDEC_AMXBF16 void attend_group(const TileRow* rows, int nr, int nh, int64_t q
                 const int64_t ja = j0 + 2 * k, jb = ja + 1;
                 const uint16_t* va = ja < maxkeys ? vc + slot(ja) * d + 16 * c0 : nullptr;
                 const uint16_t* vb = jb < maxkeys ? vc + slot(jb) * d + 16 * c0 : nullptr;
-                for (int c = 0; c < nc; ++c) {
-                    const __m512i a = va ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(va + 16 * c)))
-                                         : _mm512_setzero_si512();
-                    const __m512i b = vb ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(vb + 16 * c)))
-                                         : _mm512_setzero_si512();
-                    _mm512_storeu_si512(w.vbuf.data() + (c * 16 + k) * 32, _mm512_permutex2var_epi16(a, pairs, b));
-                }
+                for (int c = 0; c < nc; ++c)
+                    interleave16(va ? va + 16 * c : nullptr, vb ? vb + 16 * c : nullptr, pairs,
+                                 w.vbuf.data() + (c * 16 + k) * 32);
             }
             for (int c = 0; c < nc; ++c) {
                 _tile_loadd(1, w.vbuf.data() + c * 16 * 32, 64);
