@@ -591,13 +591,15 @@ void decode_attention(const torch::Tensor& q, torch::Tensor& out, const std::vec
     const int path = specdec::ops_path(impl >= specdec::kOpsAvx512Bf16 ? specdec::kOpsAvx512 : impl,
                                        d % 16 == 0 && d <= 256, d % 8 == 0 && d <= 256, "ragged_attention");
     at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
-        std::vector<float> scratch;
-        std::vector<uint16_t> weights;   // the bf16 path's rounded softmax weights
+        // each thread's buffers, kept between calls: a step calls this once per layer, and allocating them afresh
+        // put glibc's malloc in every one-token step's profile (the sizes only grow with the context)
+        thread_local std::vector<float> scratch;
+        thread_local std::vector<uint16_t> weights;   // the bf16 path's rounded softmax weights
 #ifdef SPECDEC_HAVE_AVX512
-        RowsScratch rows_scratch;
+        thread_local RowsScratch rows_scratch;
 #endif
-        specdec::TileScratch tile_scratch;
-        std::vector<specdec::TileRow> tile_rows;
+        thread_local specdec::TileScratch tile_scratch;
+        thread_local std::vector<specdec::TileRow> tile_rows;
         for (int64_t t = t0; t < t1; ++t) {
             const DecodeTask& task = tasks[t];
             const int64_t g = task.head / group, cap = caps[task.seq];

@@ -1,5 +1,7 @@
 // Python entry points of specdec._C: one block-quantized linear, and what the CPU supports.
 #include <ATen/Parallel.h>
+#include <algorithm>
+#include <cstdlib>
 #include <torch/extension.h>
 
 #include "ops.h"
@@ -24,6 +26,41 @@ int64_t auto_impl(const QWeight& w, int64_t m) {
     if (specdec::cpu_has_avx512_vnni()) return 2;
     return specdec::cpu_has_avx2() && specdec::qlinear_avx2_supports(w) ? 3 : 1;
 }
+
+inline int64_t aligned64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// One calling thread's scratch for qlinear's own buffers, kept between calls. A one-token step makes ~100 qlinear
+// calls; allocating their four buffers each time through the CPU allocator (posix_memalign: glibc's sorted bins and
+// their consolidation) was ~4% of a draft step's samples (perf), and a prompt chunk's fp32 sums (tens of MB) were
+// fresh pages, faulted in and zeroed, at every call. Grow-only up to kKeepBytes; a larger request is served and
+// released by the call itself. A call's buffers are used within it only (qlinear does not re-enter itself).
+class Scratch {
+public:
+    static constexpr size_t kKeepBytes = size_t(64) << 20;
+    void* get(size_t bytes) {
+        bytes = std::max<size_t>(bytes, 64);
+        if (bytes > cap_) {
+            std::free(p_);
+            cap_ = (bytes + 4095) / 4096 * 4096;
+            p_ = std::aligned_alloc(64, cap_);
+            TORCH_CHECK(p_ != nullptr, "qlinear: out of memory for ", cap_, " bytes of scratch");
+        }
+        return p_;
+    }
+    void trim() {                    // after a call that grew it past kKeepBytes
+        if (cap_ > kKeepBytes) {
+            std::free(p_);
+            p_ = nullptr;
+            cap_ = 0;
+        }
+    }
+    ~Scratch() { std::free(p_); }
+
+private:
+    void* p_ = nullptr;
+    size_t cap_ = 0;
+};
+thread_local Scratch t_scratch;
 
 // Returns [m, n] in x's dtype when that is bf16, else fp32.
 // impl: 0 = best for this CPU and row count, 1 = portable, 2 = AVX-512 VNNI, 3 = AVX2, 4 = AMX (2-4: an error on a
@@ -53,12 +90,7 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
     // bf16 and fp32 inputs are read as they are (bf16 -> fp32 is exact); other dtypes convert to fp32
     const torch::Tensor xf = x.scalar_type() == torch::kBFloat16 ? x.contiguous() : x.to(torch::kFloat32).contiguous();
     const bool bf16_in = xf.scalar_type() == torch::kBFloat16;
-    // 64 bytes of slack past the last row: the AMX kernel's last tile load of a partial 64-k chunk reads into it
-    // (against zero codes)
-    auto a8 = torch::empty({m * k + 64}, torch::kInt8);
     const int64_t stride = specdec::asum_stride(k, int(group));
-    auto asum = torch::empty({m, stride}, torch::kInt16);
-    auto ascale = torch::empty({m, ns}, torch::kFloat32);
     // bf16 in -> bf16 out, rounded here (shared code, round half to even) so no separate cast op is needed
     auto out_bf16 = bf16_in ? torch::empty({m, n}, torch::kBFloat16) : torch::Tensor();
     torch::Tensor b;
@@ -73,13 +105,21 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
     // the AMX kernel rounds its bf16 rows itself: no fp32 rows at all (a prompt chunk's gate_up would be ~37 MB,
     // fresh pages at every call)
     const bool direct_bf16 = use_amx && bf16_in;
-    auto out = torch::empty({direct_bf16 ? 0 : m, n}, torch::kFloat32);
+    // fp32 rows are returned only for an fp32 (or other) input; for a bf16 one they are the kernel's scratch
+    auto out = bf16_in ? torch::Tensor() : torch::empty({m, n}, torch::kFloat32);
+    // The call's own buffers: the activation codes (64 bytes of slack past the last row: the AMX kernel's last tile
+    // load of a partial 64-k chunk reads into it, against zero codes), their group sums and scales, and the fp32
+    // sums a bf16 output is rounded from
+    const int64_t a8_bytes = aligned64(m * k + 64), asum_bytes = aligned64(m * stride * 2), ascale_bytes = aligned64(m * ns * 4);
+    const int64_t sums_bytes = bf16_in && !direct_bf16 ? m * n * 4 : 0;
+    char* scratch = static_cast<char*>(t_scratch.get(size_t(a8_bytes + asum_bytes + ascale_bytes + sums_bytes)));
     {
         pybind11::gil_scoped_release no_gil;
         const void* xp = xf.data_ptr();
-        int8_t* ap = a8.data_ptr<int8_t>();
-        int16_t* sp = asum.data_ptr<int16_t>();
-        float* cp = ascale.data_ptr<float>();
+        int8_t* ap = reinterpret_cast<int8_t*>(scratch);
+        int16_t* sp = reinterpret_cast<int16_t*>(scratch + a8_bytes);
+        float* cp = reinterpret_cast<float*>(scratch + a8_bytes + asum_bytes);
+        float* sums = bf16_in ? reinterpret_cast<float*>(scratch + a8_bytes + asum_bytes + ascale_bytes) : nullptr;
         at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
             auto run = [&](auto* x0) {
                 using T = std::remove_const_t<std::remove_pointer_t<decltype(x0)>>;
@@ -97,7 +137,7 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
         });
         QAct xa{ap, sp, cp, m, stride};
         const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-        float* op = direct_bf16 ? nullptr : out.data_ptr<float>();
+        float* op = direct_bf16 ? nullptr : bf16_in ? sums : out.data_ptr<float>();
         uint16_t* obp = direct_bf16 ? reinterpret_cast<uint16_t*>(out_bf16.data_ptr<c10::BFloat16>()) : nullptr;
         // Threads split the output columns; each column's arithmetic is the same whoever computes it.
         at::parallel_for(0, nb, 1, [&](int64_t c0, int64_t c1) {
@@ -120,6 +160,7 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
             }
         });
     }
+    t_scratch.trim();
     return bf16_in ? out_bf16 : out;
 }
 
@@ -134,6 +175,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     specdec::register_attention(m);
     specdec::register_bf16_linear(m);
     specdec::register_stack(m);
+    specdec::register_cpu_allocator(m);
     m.def("set_prefetch_distance", &specdec::set_prefetch_distance, "bytes of weights prefetched ahead (0 = off)");
     m.def("prefetch_distance", &specdec::prefetch_distance);
     m.def("has_avx512_vnni", &specdec::cpu_has_avx512_vnni, "the CPU runs the AVX-512 VNNI kernel");

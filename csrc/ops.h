@@ -25,4 +25,5 @@ void register_ops(pybind11::module_& m);
 void register_attention(pybind11::module_& m);   // attention.cpp
 void register_bf16_linear(pybind11::module_& m);   // bf16_linear.cpp
 void register_stack(pybind11::module_& m);   // stack.cpp
+void register_cpu_allocator(pybind11::module_& m);   // cpu_allocator.cpp
 }

@@ -7,3 +7,4 @@
 #include "attention.cpp"
 #include "bf16_linear.cpp"
 #include "stack.cpp"
+#include "cpu_allocator.cpp"
