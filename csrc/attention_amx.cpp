@@ -40,6 +40,7 @@ namespace {
 using amx::TileConfig;
 
 constexpr int kValueTiles = 6;   // tmm2..tmm7: accumulators of 16 columns each per pass over the keys
+constexpr int kKeyAhead = 4;     // key blocks of 16 the score loop asks the memory system for ahead of its tile loads
 
 // tmm0 += tmm1 . tmm(2 + c) is not expressible with a run-time tile number: one case per accumulator
 SPECDEC_AMXBF16 inline void value_product(int c) {
@@ -143,6 +144,10 @@ SPECDEC_AMXBF16 void attend_group(const TileRow* rows, int nr, int nh, int64_t q
                     std::memset(w.kbuf.data() + i * d, 0, size_t(d) * 2);
             }
             keys = w.kbuf.data();
+        }
+        if (j0 + 16 * (kKeyAhead + 1) <= direct) {   // the keys kKeyAhead blocks on, while this block's products run
+            const char* ahead = reinterpret_cast<const char*>(kc + (j0 + 16 * kKeyAhead) * d);
+            for (int64_t b = 0; b < 16 * d * 2; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
         }
         _tile_zero(0);
         for (int o = 0; o < dops; ++o) {

@@ -95,7 +95,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
     auto out_bf16 = bf16_in ? torch::empty({m, n}, torch::kBFloat16) : torch::Tensor();
     torch::Tensor b;
     if (bias.has_value() && bias->defined()) {
-        b = bias->to(torch::kFloat32).contiguous();
+        b = bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() ? *bias
+                                                                             : bias->to(torch::kFloat32).contiguous();
         TORCH_CHECK(b.numel() == n, "qlinear: bias has ", b.numel(), " entries, expected ", n);
     }
     QWeight w{qw.data_ptr<uint8_t>(), sc.data_ptr<int8_t>(), mn.data_ptr<int8_t>(),
