@@ -10,7 +10,8 @@
 // kept; anything else goes to c10's own alloc_cpu / free_cpu, as the default allocator's do.
 //
 // Installed by specdec._C.use_reusing_cpu_allocator() (models/quantization/kernels.py calls it on the extension's
-// first import unless SPECDEC_CPU_ALLOCATOR=system). Tensors allocated before keep their own deleter.
+// first import unless SPECDEC_CPU_ALLOCATOR=system). Tensors allocated before keep their own deleter; a raw block
+// allocated before (oneDNN's) may come back through this allocator's raw deleter, which hands it to the default one.
 //
 // Included into torch_ops.cpp (one parse of torch's headers).
 #include <c10/core/Allocator.h>
@@ -19,13 +20,13 @@
 
 #include <array>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace {
 
 class ReusingCpuAllocator final : public c10::Allocator {
 public:
-    static constexpr size_t kHeader = 64;                  // the block's class, ahead of the 64-byte aligned data
     static constexpr size_t kMinBlock = 256;
     static constexpr size_t kMaxBlock = size_t(32) << 20;  // a larger request is the system's to serve
     static constexpr size_t kMaxKept = size_t(128) << 20;  // freed bytes kept for reuse, at most
@@ -54,26 +55,28 @@ public:
 
     c10::DataPtr allocate(size_t n) override {
         const int64_t cls = n <= kMaxBlock ? size_class(n) : kUncached;
-        char* base = nullptr;
-        if (cls != kUncached) {
+        void* p = nullptr;
+        {
             std::lock_guard<std::mutex> lock(mutex_);
-            auto& list = free_[size_t(cls)];
-            if (!list.empty()) {
-                base = list.back();
-                list.pop_back();
+            if (cls != kUncached && !free_[size_t(cls)].empty()) {
+                p = free_[size_t(cls)].back();
+                free_[size_t(cls)].pop_back();
                 kept_ -= class_bytes(cls);
             }
         }
-        if (base == nullptr) {
-            base = static_cast<char*>(c10::alloc_cpu(kHeader + (cls != kUncached ? class_bytes(cls) : n)));
-            *reinterpret_cast<int64_t*>(base) = cls;
+        if (p == nullptr) p = c10::alloc_cpu(cls != kUncached ? class_bytes(cls) : n);
+        if (p != nullptr) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            live_[p] = cls;
         }
-        void* data = base + kHeader;
-        return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
+        return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
     }
 
-    static void release(void* data) {
-        if (data != nullptr) instance().put(static_cast<char*>(data) - kHeader);
+    // Every block this allocator handed out is in live_. A pointer that is not was allocated before it was installed
+    // and is freed through this one's raw_deleter (oneDNN's ideep buffers take the current CPU allocator's raw
+    // deleter when they are freed): it goes back to the default allocator's.
+    static void release(void* p) {
+        if (p != nullptr) instance().put(p);
     }
 
     c10::DeleterFnPtr raw_deleter() const override { return &release; }
@@ -87,23 +90,34 @@ public:
 private:
     ReusingCpuAllocator() {
         static_assert(kMaxBlock <= (size_t(1) << 26), "kClasses covers blocks up to 64 MB");
+        live_.reserve(4096);
     }
 
-    void put(char* base) {
-        const int64_t cls = *reinterpret_cast<const int64_t*>(base);
-        if (cls != kUncached) {
+    void put(void* p) {
+        bool ours = false;
+        {
             std::lock_guard<std::mutex> lock(mutex_);
-            if (kept_ + class_bytes(cls) <= kMaxKept) {
-                free_[size_t(cls)].push_back(base);
-                kept_ += class_bytes(cls);
-                return;
+            const auto it = live_.find(p);
+            if (it != live_.end()) {
+                ours = true;
+                const int64_t cls = it->second;
+                live_.erase(it);
+                if (cls != kUncached && kept_ + class_bytes(cls) <= kMaxKept) {
+                    free_[size_t(cls)].push_back(p);
+                    kept_ += class_bytes(cls);
+                    return;
+                }
             }
         }
-        c10::free_cpu(base);
+        if (ours)
+            c10::free_cpu(p);
+        else
+            c10::GetDefaultCPUAllocator()->raw_deleter()(p);   // allocated by the default allocator
     }
 
     std::mutex mutex_;
-    std::array<std::vector<char*>, kClasses> free_;
+    std::unordered_map<void*, int64_t> live_;               // blocks handed out and not yet freed: their class
+    std::array<std::vector<void*>, kClasses> free_;
     size_t kept_ = 0;
 };
 

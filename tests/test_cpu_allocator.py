@@ -78,3 +78,23 @@ def test_a_bad_choice_is_refused_and_system_keeps_pytorchs(monkeypatch):
     env = {**os.environ, "SPECDEC_CPU_ALLOCATOR": "system"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0"
+
+
+def test_blocks_allocated_before_it_was_installed_are_freed_by_their_own():
+    # oneDNN's buffers (a packed weight, an mkldnn tensor) free through the current CPU allocator's raw deleter: one
+    # made before the switch must go back to the default allocator, not be read as one of this one's blocks (it
+    # crashed the interpreter's exit once)
+    code = ("import torch\n"
+            "w = torch.randn(64, 64).to_mkldnn()\n"
+            "lin = torch.nn.Linear(64, 64)\n"
+            "packed = torch.ops.mkldnn._reorder_linear_weight(lin.weight.detach()) "
+            "if hasattr(torch.ops.mkldnn, '_reorder_linear_weight') else None\n"
+            "from specdec.models.quantization import kernels\n"
+            "assert kernels.extension().use_reusing_cpu_allocator()\n"
+            "y = (w.to_dense() @ torch.eye(64)).sum()\n"
+            "del w, packed\n"
+            "import gc; gc.collect()\n"
+            "print(float(y) != 0.0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "True"
