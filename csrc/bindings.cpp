@@ -31,7 +31,7 @@ inline int64_t aligned64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // One calling thread's scratch for qlinear's own buffers, kept between calls. A one-token step makes ~100 qlinear
 // calls; allocating their four buffers each time through the CPU allocator (posix_memalign: glibc's sorted bins and
-// their consolidation) was ~4% of a draft step's samples (perf), and a prompt chunk's fp32 sums (tens of MB) were
+// their consolidation) was a few percent of a draft step's samples (perf), and a prompt chunk's fp32 sums (tens of MB) were
 // fresh pages, faulted in and zeroed, at every call. Grow-only up to kKeepBytes; a larger request is served and
 // released by the call itself. A call's buffers are used within it only (qlinear does not re-enter itself).
 class Scratch {

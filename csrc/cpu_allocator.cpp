@@ -56,19 +56,15 @@ public:
     c10::DataPtr allocate(size_t n) override {
         const int64_t cls = n <= kMaxBlock ? size_class(n) : kUncached;
         void* p = nullptr;
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (cls != kUncached && !free_[size_t(cls)].empty()) {
-                p = free_[size_t(cls)].back();
-                free_[size_t(cls)].pop_back();
-                kept_ -= class_bytes(cls);
-            }
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (cls != kUncached && !free_[size_t(cls)].empty()) {
+            p = free_[size_t(cls)].back();
+            free_[size_t(cls)].pop_back();
+            kept_ -= class_bytes(cls);
+        } else {
+            p = c10::alloc_cpu(cls != kUncached ? class_bytes(cls) : n);   // nullptr for n = 0
         }
-        if (p == nullptr) p = c10::alloc_cpu(cls != kUncached ? class_bytes(cls) : n);
-        if (p != nullptr) {
-            std::lock_guard<std::mutex> lock(mutex_);
-            live_[p] = cls;
-        }
+        if (p != nullptr) live_[p] = cls;
         return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
     }
 
