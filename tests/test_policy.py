@@ -480,8 +480,8 @@ def test_measured_cost_model_has_a_bucket_per_context_the_window_holds(tmp_path)
 
 def test_rows_are_timed_with_every_rows_logits_and_the_draft_in_the_same_rounds(tmp_path, monkeypatch):
     """As the engine runs them: a verification forward computes logits for every row (its output head over each is
-    part of what a row costs), a draft step its newest row's; each round times the draft's step right after the
-    target's forwards, at the short context and at every longer one."""
+    part of what a row costs), a draft step its newest row's; each round times a chain of draft steps right after
+    the target's forwards, at the short context and at every longer one."""
     from conftest import make_tiny_model
 
     from specdec.models import runner
@@ -500,10 +500,11 @@ def test_rows_are_timed_with_every_rows_logits_and_the_draft_in_the_same_rounds(
         return real(model, spans, *a, **kw)
     monkeypatch.setattr(runner, "forward_spans", spy)
     measure.measure_cost_model(target, draft, k_max=2, context=64, repeats=2, contexts=(512,))
-    rounds = [calls[i:i + 4] for i in range(0, 3 * 4 * 2, 4)]       # (warm-up + 2) rounds, at 64 then 512 tokens
+    per = 3 + measure.DRAFT_CHAIN
+    rounds = [calls[i:i + per] for i in range(0, 3 * per * 2, per)]   # (warm-up + 2) rounds, at 64 then 512 tokens
     for r in rounds:
         assert [(w, n, m) for w, n, m, _ in r] == [("target", 1, "all"), ("target", 2, "all"), ("target", 3, "all"),
-                                                   ("draft", 1, "last")]
+                                                   *[("draft", 1, "last")] * measure.DRAFT_CHAIN]
         assert len({start for *_, start in r}) == 1                   # both after the same context
     assert [r[0][3] for r in rounds] == [64] * 3 + [512] * 3
 
@@ -812,3 +813,30 @@ def test_auto_moves_a_request_from_a_useless_head_to_the_draft_with_parity(tiny_
     pool = llm.policy().pool("p")
     assert pool.count("eagle3") == 1 and pool.count("draft") == 1
     assert st.accepted_tokens >= st.draft_tokens // 2         # the draft's steps (the target itself) all held
+
+
+def test_suffix_decoding_is_not_explored_alone_and_the_pool_is_judged_without_it():
+    """Its matches are weighed beside the model at every step (kept as prompt lookup's record): a request of its own
+    would only cost that request the model proposer's speed."""
+    def first_request(pol, pool, model_accepts):
+        first = pol.decide("a", pool, RequestFeatures(max_tokens=128))
+        assert first.method == "draft" and first.explore
+        ctl = pol.controller(first, pool, 0.0)
+        for _ in range(10):
+            source, k = ctl.plan(4, 8)
+            ctl.observe(source, k, model_accepts if source == "model" else 0, n=4, lookup_len=4, lookup_matched=0)
+        pol.record(pool, first, 0.0, _Stats(drafted=40, accepted=10 * model_accepts, steps=10), ctl)
+        return pol.pools[pool]
+
+    pol = SpeculationPolicy(CPU, PolicyConfig(), ("ngram", "suffix", "draft"))
+    pool = first_request(pol, "chat", 3)
+    assert pool.count("suffix") == 0 and pool.count("draft") == 1 and pool.count("ngram") == 1
+    second = pol.decide("b", "chat", RequestFeatures(max_tokens=128))
+    # the draft runs on its record; suffix decoding is priced by the matches' record (none matched), not its prior
+    assert second.method == "draft" and not second.explore and "exploring" not in second.reason
+    # every proposer that needs a record has one after a single request: the pool is judged from then on, and
+    # turned off once its window is poor (it waited for a request of suffix decoding alone before)
+    prose = first_request(pol, "prose", 0)
+    for _ in range(2):
+        pol.record("prose", second, 0.0, _Stats(drafted=40, accepted=1, steps=10))
+    assert prose.count("suffix") == 0 and not prose.enabled

@@ -223,10 +223,8 @@ class SpeculationPolicy:
                 self._judge(pool, force=True)
         if pool.enabled:
             # the draft gets a few requests per pool before its estimate is trusted (other temperature buckets'
-            # observations count: they inform this bucket through borrowed_alpha); lookup needs no exploring, it
-            # is scored at every step of every speculative request
-            unexplored = [m for m in self.available
-                          if m != lookup_method() and pool.count(m) < self.cfg.explore_requests]
+            # observations count: they inform this bucket through borrowed_alpha)
+            unexplored = self._unexplored(pool)
             if unexplored and d.method not in unexplored:
                 m = unexplored[0]
                 e = choose(features, {m: None}, self.cost, self.cfg, (m,), self.max_context)
@@ -314,9 +312,25 @@ class SpeculationPolicy:
                 pool.probes.append(found)
             self._judge(pool)
 
+    def _unexplored(self, pool: Pool) -> list[str]:
+        """The model proposers (the draft, the heads) this pool has not yet run on `explore_requests` requests. The
+        free ones need no request of their own: the step controller weighs the longest match of prompt lookup and
+        suffix decoding at every step of every speculative request and keeps its record. A request given to suffix
+        decoding alone to learn its α ran at 0.77x the draft's speed where it fell on code generation
+        (served-intel-amx-r5, docs/benchmarks/auto-vs-fixed), and its α only prices it alone, where no model
+        proposer pays -- which its matches' record beside the model shows as well (kept as prompt lookup's)."""
+        return [m for m in self.available
+                if get_method(m).drafts_with_model and pool.count(m) < self.cfg.explore_requests]
+
     def _estimate(self, pool: Pool, method: str, bucket: str, temperature: float) -> float | None:
-        """A method's α in this pool and bucket, weighed against its prior by evidence (PolicyConfig.prior_tokens)."""
-        return pool.estimate(method, bucket, prior_alpha(method, temperature, self.cfg), self.cfg.prior_tokens)
+        """A method's α in this pool and bucket, weighed against its prior by evidence (PolicyConfig.prior_tokens).
+        A cache (suffix decoding) that has not run alone here takes the matches' record (prompt lookup's): its
+        guesses are part of it, and its prior would price matches the record has seen fail."""
+        own = pool.estimate(method, bucket, prior_alpha(method, temperature, self.cfg), self.cfg.prior_tokens)
+        ngram = lookup_method()
+        if own is None and method != ngram and get_method(method).free and ngram in self.available:
+            return pool.estimate(ngram, bucket, prior_alpha(ngram, temperature, self.cfg), self.cfg.prior_tokens)
+        return own
 
     def _acceptance(self, pool: Pool, obs: list[Observation] | None = None) -> float | None:
         """The pool's acceptance with each method weighed against its greedy prior (what decide() weighs)."""
@@ -327,7 +341,7 @@ class SpeculationPolicy:
         if pool.enabled:
             if not force and sum(o.drafted for o in pool.observations()) < cfg.min_window_tokens:
                 return
-            if any(pool.count(m) < cfg.explore_requests for m in self.available):
+            if self._unexplored(pool) or (lookup_method() in self.available and not pool.count(lookup_method())):
                 return        # one method's poor first try says nothing about the other's: judge after both
             acc = self._acceptance(pool)
             if acc is not None and acc < cfg.min_acceptance:
