@@ -144,7 +144,10 @@ class LLM:
             available = available or self.policy_candidates()
             # a head is weighed only for prompts within the context it was trained at
             limits = {m: h.trained_context for m, h in self.heads.items() if h.trained_context}
-            self._policy = SpeculationPolicy(cost or self.cost_model(cfg.k_max), cfg, available, max_context=limits)
+            # the free proposers whose matches each step weighs beside a model: they need no request of their own
+            matched = tuple(m for m in available if m in self.engine.proposers and self.engine.proposers[m].matches)
+            self._policy = SpeculationPolicy(cost or self.cost_model(cfg.k_max), cfg, available, max_context=limits,
+                                             matched=matched)
         return self._policy
 
     def policy_candidates(self) -> tuple[str, ...]:

@@ -828,7 +828,7 @@ def test_suffix_decoding_is_not_explored_alone_and_the_pool_is_judged_without_it
         pol.record(pool, first, 0.0, _Stats(drafted=40, accepted=10 * model_accepts, steps=10), ctl)
         return pol.pools[pool]
 
-    pol = SpeculationPolicy(CPU, PolicyConfig(), ("ngram", "suffix", "draft"))
+    pol = SpeculationPolicy(CPU, PolicyConfig(), ("ngram", "suffix", "draft"), matched=("suffix",))
     pool = first_request(pol, "chat", 3)
     assert pool.count("suffix") == 0 and pool.count("draft") == 1 and pool.count("ngram") == 1
     second = pol.decide("b", "chat", RequestFeatures(max_tokens=128))
@@ -840,3 +840,10 @@ def test_suffix_decoding_is_not_explored_alone_and_the_pool_is_judged_without_it
     for _ in range(2):
         pol.record("prose", second, 0.0, _Stats(drafted=40, accepted=1, steps=10))
     assert prose.count("suffix") == 0 and not prose.enabled
+    # what the engine passes: the free proposers that offer matches; one that does not (a plugin's without match())
+    # is learned only by running alone, so it is still explored
+    from specdec.proposers.ngram import NgramProposer
+    from specdec.proposers.suffix import SuffixProposer
+    assert NgramProposer().matches and SuffixProposer().matches
+    unmatched = SpeculationPolicy(CPU, PolicyConfig(), ("ngram", "suffix", "draft"))
+    assert unmatched.decide("a", "chat", RequestFeatures(max_tokens=128)).method == "suffix"

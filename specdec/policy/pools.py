@@ -166,12 +166,16 @@ class SpeculationPolicy:
 
     def __init__(self, cost: CostModel, cfg: PolicyConfig | None = None,
                  available: tuple[str, ...] | None = None,
-                 on_pool_change=None, max_context: dict[str, int] | None = None):
+                 on_pool_change=None, max_context: dict[str, int] | None = None,
+                 matched: tuple[str, ...] = ()):
         self.cost = cost                      # as the machine runs now: the measured one re-priced by the clock
         self.cfg = cfg or PolicyConfig()
         self.clock = StepClock(cost, self.cfg.clock_window) if self.cfg.clock_window else None
         self.available = available or default_candidates()
         self.max_context = dict(max_context or {})     # method -> the longest prompt it is weighed for
+        # the free proposers whose matches the step controller weighs beside a model at every step of every speculative
+        # request (prompt lookup always; suffix decoding; Proposer.matches), kept as prompt lookup's record
+        self.matched = {lookup_method(), *matched}
         self.pools: dict[str, Pool] = {}
         self._lock = threading.Lock()
         self._on_pool_change = on_pool_change or (lambda name, enabled: None)
@@ -313,14 +317,12 @@ class SpeculationPolicy:
             self._judge(pool)
 
     def _unexplored(self, pool: Pool) -> list[str]:
-        """The model proposers (the draft, the heads) this pool has not yet run on `explore_requests` requests. The
-        free ones need no request of their own: the step controller weighs the longest match of prompt lookup and
-        suffix decoding at every step of every speculative request and keeps its record. A request given to suffix
-        decoding alone to learn its α ran at 0.77x the draft's speed where it fell on code generation
-        (served-intel-amx-r5, docs/benchmarks/auto-vs-fixed), and its α only prices it alone, where no model
-        proposer pays -- which its matches' record beside the model shows as well (kept as prompt lookup's)."""
-        return [m for m in self.available
-                if get_method(m).drafts_with_model and pool.count(m) < self.cfg.explore_requests]
+        """The methods this pool has not yet run on `explore_requests` requests, but for those whose matches the step
+        controller weighs at every step of every speculative request (self.matched: prompt lookup, suffix decoding),
+        whose record it keeps. A request given to suffix decoding alone to learn its α ran at 0.77x the draft's speed
+        where it fell on code generation (served-intel-amx-r5, docs/benchmarks/auto-vs-fixed), and that α only
+        prices it alone, where no model proposer pays -- which its matches' record beside the model shows as well."""
+        return [m for m in self.available if m not in self.matched and pool.count(m) < self.cfg.explore_requests]
 
     def _estimate(self, pool: Pool, method: str, bucket: str, temperature: float) -> float | None:
         """A method's α in this pool and bucket, weighed against its prior by evidence (PolicyConfig.prior_tokens).
@@ -328,7 +330,7 @@ class SpeculationPolicy:
         guesses are part of it, and its prior would price matches the record has seen fail."""
         own = pool.estimate(method, bucket, prior_alpha(method, temperature, self.cfg), self.cfg.prior_tokens)
         ngram = lookup_method()
-        if own is None and method != ngram and get_method(method).free and ngram in self.available:
+        if own is None and method != ngram and method in self.matched and ngram in self.available:
             return pool.estimate(ngram, bucket, prior_alpha(ngram, temperature, self.cfg), self.cfg.prior_tokens)
         return own
 

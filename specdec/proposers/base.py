@@ -115,6 +115,11 @@ class Proposer(ABC):
         grammar allows); (0, []) for none. What a combining method (hybrid) weighs against its model each step."""
         return 0, []
 
+    @property
+    def matches(self) -> bool:
+        """Whether match() offers continuations: the step controller then weighs them beside a model at every step."""
+        return type(self).match is not Proposer.match
+
     @abstractmethod
     def propose(self, ctxs: list[ProposalContext], ks: list[int]) -> list[Draft]:
         """For each sequence, up to ks[i] tokens to follow ctxs[i].token_ids (fewer, or none, is allowed)."""
