@@ -32,19 +32,18 @@ from .utils import set_aside
 log = logging.getLogger("specdec")
 
 # Part of the cost-model cache key and of the file: 23 = the draft step timed as the mean of a chain of four after the
-# target's forwards (a lone first step priced every step of a chain), 22 = CPU tensors from a reusing allocator and
-# the tile attention's keys prefetched (a one-token step cheaper, the draft's more), 21 = bf16 attention rows on
-# AMX-BF16 tiles where the CPU has them (verification rows and prompt reads cheaper), 20 = bf16 attention rows on
-# vdpbf16ps where the CPU has AVX-512
-# BF16 (verification rows cheaper at long context), 19 = verification rows timed with every row's logits, ratios taken
-# within each timed round, the draft's step in the target's rounds, 18 = the draft's read timed on a 2k prompt too (a
-# long prompt's tokens cost it more each), 17 = AMX from 20 rows, its bf16 rows rounded in the kernel (prompt reads and
-# rows of 20+ cheaper), 16 = decode attention sixteen keys at a time, 15 = the int4 layers as one compiled call
-# (fused_stack), 14 = a measurement taken on a quiet machine only, 13 = the draft's prompt read timed over every token
-# (it was timed over 256 of 512) and its output head cut to the target's tokens, 12 = AVX2 block kernel in tiles of 8
-# rows, 11 = V(n) and c by context buckets (rows attending in blocks), 10 = also at a long context, 9 = heads timed
-# after a target forward, as the engine runs them (8: int4 tiles of up to 9 rows, 7: learned heads' costs, 6: kernel
-# weights in 2 MB pages, 5: bf16 on specdec._C)
+# target's forwards (a lone first step priced every step of a chain), 22 = CPU tensors from a reusing allocator and the
+# tile attention's keys prefetched (a one-token step cheaper, the draft's more), 21 = bf16 attention rows on AMX-BF16
+# tiles where the CPU has them (verification rows and prompt reads cheaper), 20 = bf16 attention rows on vdpbf16ps where
+# the CPU has AVX-512 BF16 (verification rows cheaper at long context), 19 = verification rows timed with every row's
+# logits, ratios taken within each timed round, the draft's step in the target's rounds, 18 = the draft's read timed on
+# a 2k prompt too (a long prompt's tokens cost it more each), 17 = AMX from 20 rows, its bf16 rows rounded in the kernel
+# (prompt reads and rows of 20+ cheaper), 16 = decode attention sixteen keys at a time, 15 = the int4 layers as one
+# compiled call (fused_stack), 14 = a measurement taken on a quiet machine only, 13 = the draft's prompt read timed over
+# every token (it was timed over 256 of 512) and its output head cut to the target's tokens, 12 = AVX2 block kernel in
+# tiles of 8 rows, 11 = V(n) and c by context buckets (rows attending in blocks), 10 = also at a long context, 9 = heads
+# timed after a target forward, as the engine runs them (8: int4 tiles of up to 9 rows, 7: learned heads' costs, 6:
+# kernel weights in 2 MB pages, 5: bf16 on specdec._C)
 COST_MODEL_REVISION = 23
 
 Prompt = str | list[dict]   # raw text or chat messages

@@ -25,9 +25,9 @@ def _fastest(rounds: list[dict], keys) -> dict:
 
 
 # Draft steps timed together, after the target's forwards: c prices each step of a chain (k of them), and a lone step
-# right after nine target forwards cost ~8% more than each of the next three on the Intel AMX machine (11.5 against
-# 10.6 ms at 1k; the target's stream leaves none of the draft's weights in the caches), so a lone sample priced every
-# step of a chain at its first one's cost (docs/benchmarks/draft-bits, "The draft's step as a chain runs it")
+# right after the round's nine target forwards cost 6% more than the next on the Intel AMX machine (11.50 against
+# 10.84 ms at 1k; 2% after one verification forward, as the proposer runs), so a lone sample priced every step of a
+# chain at its first one's cost (docs/benchmarks/draft-bits, "The draft's step as a chain runs it")
 DRAFT_CHAIN = 4
 
 

@@ -343,7 +343,8 @@ class SpeculationPolicy:
         if pool.enabled:
             if not force and sum(o.drafted for o in pool.observations()) < cfg.min_window_tokens:
                 return
-            if self._unexplored(pool) or (lookup_method() in self.available and not pool.count(lookup_method())):
+            ngram = lookup_method()
+            if self._unexplored(pool) or (ngram in self.available and pool.count(ngram) < cfg.explore_requests):
                 return        # one method's poor first try says nothing about the other's: judge after both
             acc = self._acceptance(pool)
             if acc is not None and acc < cfg.min_acceptance:
