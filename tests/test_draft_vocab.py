@@ -10,7 +10,7 @@ from second_token import exact_marginal, second_token_proposals, second_tokens
 from specdec import LLM, SamplingParams, SpeculativeConfig
 from specdec.errors import SpecDecError
 from specdec.models.runner import forward_once
-from specdec.proposers import draft_vocab
+from specdec.proposers import draft_model, draft_vocab
 
 PROMPT = "def add(a, b):\n    return"
 
@@ -46,6 +46,13 @@ def llm(tiny_dirs, ranking, tmp_path_factory):
                                                  draft_vocab_size=vocab // 2))
 
 
+@pytest.fixture
+def cut_only(monkeypatch):
+    """Sequences keep to the cut and their own rows: the tiny target writes random bytes, which would soon send them
+    to the whole head (WHOLE_HEAD_SHARE, tested on its own below)."""
+    monkeypatch.setattr(draft_model, "WHOLE_HEAD_SHARE", float("inf"))
+
+
 def test_the_cut_head_computes_the_full_heads_rows(tiny_dirs, tmp_path_factory):
     from model_cache import private_cache
 
@@ -64,12 +71,12 @@ def test_the_cut_head_computes_the_full_heads_rows(tiny_dirs, tmp_path_factory):
                        output_ids=torch.tensor([3, 3]))
 
 
-def test_greedy_outputs_are_plain_decodings_and_drafts_come_from_the_kept_rows(llm, ranking):
+def test_greedy_outputs_are_plain_decodings_and_drafts_come_from_the_kept_rows(llm, ranking, cut_only):
     _, liked, vocab = ranking
     proposer = llm.engine.proposers["draft"]
     kept = set(proposer.output_ids.tolist())
     assert len(kept) == vocab // 2 and not kept & set(liked)
-    assert proposer.status() == {"draft_vocab_size": vocab // 2}
+    assert proposer.status() == {"draft_vocab_size": vocab // 2, "draft_whole_head_sequences": 0}
     drafted, seen = [], set()                  # a draft proposes the cut's tokens and the sequence's own
     real = proposer.propose
 
@@ -90,7 +97,7 @@ def test_greedy_outputs_are_plain_decodings_and_drafts_come_from_the_kept_rows(l
     assert drafted and set(drafted) <= kept | seen
 
 
-def test_sampled_outputs_follow_the_targets_distribution_outside_the_kept_rows(llm, ranking):
+def test_sampled_outputs_follow_the_targets_distribution_outside_the_kept_rows(llm, ranking, cut_only):
     """The second token of 1,000 seeded requests (drafted from the cut head, verified) against its exact marginal
     under the target. The target's likeliest tokens were cut: the draft never proposes them, so the control (the
     draft's own proposals) is far from the target's marginal, and the outputs still follow it."""
@@ -126,7 +133,7 @@ def test_draft_vocab_size_is_checked(tiny_dirs):
 
 
 def test_a_sequences_own_tokens_outside_the_cut_are_drafted_from_the_whole_heads_rows(llm, tiny_dirs,
-                                                                                        tmp_path_factory):
+                                                                                        tmp_path_factory, cut_only):
     """A prompt's rare tokens (outside the cut) join the sequence's draft vocabulary: their columns are the whole
     head's logits for them, and a prompt that repeats such a token gets it proposed."""
     from model_cache import private_cache
@@ -154,3 +161,51 @@ def test_a_sequences_own_tokens_outside_the_cut_are_drafted_from_the_whole_heads
     d = proposer.propose([ProposalContext(-2, ids * 3, params, None)], [3])[0]
     proposer.release(-2)
     assert len(d) == 3 and set(d.token_ids.tolist()) <= kept | set(own)
+
+
+def test_a_sequence_writing_in_another_script_drafts_from_the_whole_head(llm, ranking, tiny_dirs, tmp_path_factory):
+    """Once WHOLE_HEAD_SHARE of a sequence's tokens are non-ASCII ones outside the cut (a Chinese answer, where the
+    ranking was counted on English and code), its columns are the whole head's logits over the whole vocabulary;
+    ASCII names outside the cut, or too few foreign tokens, keep it on the cut and its own rows. Greedy outputs stay
+    plain decoding's, and sampled drafts carry a q over the whole vocabulary."""
+    from model_cache import private_cache
+
+    from specdec.models.loader import load_model
+    from specdec.proposers.base import ProposalContext
+
+    _, _, vocab = ranking
+    proposer = llm.engine.proposers["draft"]
+    kept = set(proposer.output_ids.tolist())
+    tok = llm.tokenizer
+    foreign = [t for t in range(vocab) if t not in kept and max(tok.token_bytes(t), default=0) >= 0x80]
+    ascii_ids = tok.encode("class Cache:\n    def rollback(self, n):\n        self.length = n\n")
+    assert foreign and any(t not in kept for t in ascii_ids)          # ASCII tokens outside the cut too
+    before = proposer.status()["draft_whole_head_sequences"]
+    rows = proposer.context_rows(-1, ascii_ids * 4)
+    assert rows is not None and not rows.whole                        # only ASCII outside the cut: its own rows
+    share = draft_model.WHOLE_HEAD_SHARE
+    few = int(share * len(ascii_ids) * 4) // 2 or 1                   # under the share, then over it
+    assert few < share * (len(ascii_ids) * 4 + few)
+    rows = proposer.context_rows(-1, ascii_ids * 4 + foreign[:few])
+    assert not rows.whole
+    more = ascii_ids * 4 + foreign[:few] + foreign[few:few + 2 * few + 2]
+    rows = proposer.context_rows(-1, more)
+    assert rows.whole and proposer.status()["draft_whole_head_sequences"] == before + 1
+    with private_cache(tmp_path_factory):
+        full = load_model(str(tiny_dirs["draft"]), dtype="float32", device="cpu", progress=False)
+    hidden = torch.randn(2, full.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    logits, token_ids = proposer.columns(-1, proposer.model.compute_logits(hidden), hidden)
+    assert token_ids is None
+    assert torch.allclose(logits, full.model.compute_logits(hidden)[:, :vocab], atol=1e-5)
+    assert proposer.context_rows(-1, more + foreign[:3]) is rows      # whole from then on
+    proposer.release(-1)
+    # drafting: a sampled draft's q is over the whole vocabulary, and may propose tokens neither cut nor seen
+    d = proposer.propose([ProposalContext(-2, more, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))],
+                         [3])[0]
+    proposer.release(-2)
+    assert d.q_draft.shape[-1] >= vocab and torch.allclose(d.q_draft.sum(-1), torch.ones(len(d)), atol=1e-5)
+    assert (d.q_draft[:, [t for t in range(vocab) if t not in kept and t not in set(more)]] > 0).any()
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    plain = llm.generate(more, params, spec="none")[0].token_ids
+    out = llm.generate(more, params, spec=SpeculativeConfig(method="draft", num_speculative_tokens=3))[0]
+    assert out.token_ids == plain and out.stats.draft_tokens > 0

@@ -24,3 +24,17 @@ class OutputRows:
         lin = nn.Linear(w.shape[1], len(ids), bias=False, dtype=w.dtype, device=w.device)
         lin.weight = nn.Parameter(w[ids.to(w.device)].clone(), requires_grad=False)
         return lin
+
+    def whole(self) -> nn.Module:
+        """A linear over every row of the whole head, in order  # [..., H] -> [..., V] (a float head shares its
+        weight; block-quantized rows are laid in 2 MB pages, as every streamed linear)."""
+        from .quantization.blocks import PackedBlocks
+
+        if isinstance(self.full, PackedBlocks):
+            from .quantization.linear import BlockQuantLinear
+
+            return BlockQuantLinear(self.full, None)
+        lin = nn.Linear(self.full.shape[1], self.full.shape[0], bias=False, dtype=self.full.dtype,
+                        device=self.full.device)
+        lin.weight = nn.Parameter(self.full, requires_grad=False)
+        return lin

@@ -18,6 +18,11 @@ from .method import Method
 from .tree import TreeBuilder
 
 DECODE_ROWS = 16     # catch-up spans up to this many tokens run as decode rows (row-by-row attention)
+# A cut head's ranking was counted on English text and code: a sequence that writes in another script finds most of
+# its tokens outside the cut (a Chinese answer 0.28 inside it), so once this share of its tokens are non-ASCII ones
+# the cut lacks (Chinese or Korean prompts 0.18-0.59; English and code, names and typographic quotes included,
+# under 0.02 of 271 ShareGPT and benchmark prompts) it drafts from the whole head (docs/benchmarks/draft-vocab).
+WHOLE_HEAD_SHARE = 0.03
 
 
 def check_compatible(target_tok: Tokenizer, draft_tok: Tokenizer, target_vocab: int, draft_vocab: int) -> None:
@@ -69,7 +74,8 @@ class DraftModelProposer(Proposer):
     """
     name = "draft"
 
-    def __init__(self, model: Transformer, vocab_size: int, kv, catchup_budget: int = 512):
+    def __init__(self, model: Transformer, vocab_size: int, kv, catchup_budget: int = 512,
+                 tokenizer: Tokenizer | None = None):
         self.model = model
         self.vocab_size = vocab_size                 # compare on the shared vocabulary
         self.kv = kv                                 # models.kv_manager.KVManager over the draft model
@@ -78,6 +84,10 @@ class DraftModelProposer(Proposer):
         # [V'] the token of each row of a head cut to the tokens the target emits (FR-Spec); None: the whole vocabulary
         self.output_ids = model.output_ids
         self.extra: dict[int, ContextRows] = {}     # seq_id -> its own tokens outside the cut, drafted from too
+        self.tokenizer = tokenizer                   # tells which tokens are not ASCII text (None: never whole)
+        self.foreign: dict[int, bool] = {}           # token outside the cut -> whether its bytes are not ASCII
+        self.whole_head = None                       # the whole head's linear, made when a sequence first needs it
+        self.whole_head_sequences = 0
         self.timing: tuple[int, int, float] | None = None   # the last propose's: see take_timing
         if self.output_ids is not None:
             self.kept = bytearray(max(vocab_size, int(self.output_ids.max()) + 1))
@@ -181,20 +191,45 @@ class DraftModelProposer(Proposer):
     def context_rows(self, seq_id: int, token_ids: list[int]) -> ContextRows | None:
         """The sequence's own tokens that a cut head lacks (its prompt's rare words and names, which a draft copies
         well), as rows drafted from beside the cut; brought up to date with the tokens committed since the last
-        step. None: the head is whole, or it holds every token of the sequence."""
+        step. A sequence that writes in a script the cut hardly holds gets the whole head instead
+        (WHOLE_HEAD_SHARE). None: the head is whole, or it holds every token of the sequence."""
         if self.output_ids is None:
             return None
         rows = self.extra.get(seq_id)
         if rows is None:
             rows = self.extra[seq_id] = ContextRows()
-        new = [t for t in token_ids[rows.seen:] if t < self.vocab_size and not self.kept[t] and t not in rows.ids]
+        if rows.whole:
+            return rows
+        outside = [t for t in token_ids[rows.seen:] if t < self.vocab_size and not self.kept[t]]
         rows.seen = len(token_ids)
+        rows.foreign += sum(self._foreign(t) for t in outside)
+        if rows.foreign and rows.foreign >= WHOLE_HEAD_SHARE * len(token_ids):
+            return self._whole(rows)
+        new = [t for t in outside if t not in rows.ids]
         if new:
             rows.ids.update(new)
             extra = torch.tensor(sorted(rows.ids), dtype=torch.long)
             rows.linear = self.model.output_rows.linear(extra)
             rows.token_ids = torch.cat([self.output_ids, extra.to(self.output_ids.device)])
         return rows if rows.ids else None
+
+    def _foreign(self, token: int) -> bool:
+        """Whether a token outside the cut is text in another script than ASCII's (cached per token)."""
+        if self.tokenizer is None:
+            return False
+        known = self.foreign.get(token)
+        if known is None:
+            known = self.foreign[token] = max(self.tokenizer.token_bytes(token), default=0) >= 0x80
+        return known
+
+    def _whole(self, rows: ContextRows) -> ContextRows:
+        """The sequence drafts from every row of the head from now on (its columns: the whole vocabulary in order;
+        the cut's logits of its forward are left unused)."""
+        if self.whole_head is None:                  # shared by every such sequence, made once
+            self.whole_head = self.model.output_rows.whole()
+        rows.whole, rows.linear, rows.token_ids, rows.ids = True, self.whole_head, None, set()
+        self.whole_head_sequences += 1
+        return rows
 
     def _forward(self, spans: list[Span]) -> tuple[list, list]:
         """forward_spans, with each span's final hidden states where it asked for them (its sequence's own rows)."""
@@ -212,6 +247,8 @@ class DraftModelProposer(Proposer):
         if hidden is None or rows is None or rows.linear is None:
             return logits, self.output_ids
         own = rows.linear(hidden[-logits.shape[0]:]).float()          # the rows the logits are for: the last ones
+        if rows.whole:
+            return own[:, : self.vocab_size], None
         return torch.cat([logits, own], dim=-1), rows.token_ids
 
     def _token(self, logits: torch.Tensor, token_ids: torch.Tensor | None, ctx: ProposalContext, q_rows: list) -> int:
@@ -257,6 +294,8 @@ class DraftModelProposer(Proposer):
         """The rows of the draft's output head (its vocabulary where the head was cut), and the bits of its MLP
         codes where its linears are block-quantized (draft_mlp_bits)."""
         out = {"draft_vocab_size": self.vocab_size if self.output_ids is None else len(self.output_ids)}
+        if self.output_ids is not None:
+            out["draft_whole_head_sequences"] = self.whole_head_sequences   # since start (see WHOLE_HEAD_SHARE)
         bits = getattr(getattr(self.model.layers[0].mlp.down_proj, "packed", None), "bits", None)
         if bits is not None:
             out["draft_mlp_bits"] = bits
@@ -289,6 +328,8 @@ class DraftModelProposer(Proposer):
 class ContextRows:
     """A sequence's own tokens outside a cut head, and the head's rows for them."""
     seen: int = 0                                       # its tokens checked so far
+    foreign: int = 0                                    # of them: non-ASCII tokens outside the cut
+    whole: bool = False                                 # drafting from the whole head (linear: all its rows)
     ids: set[int] = field(default_factory=set)
     linear: torch.nn.Module | None = None               # hidden -> logits of those tokens (ascending ids)
     token_ids: torch.Tensor | None = None               # the cut head's tokens, then those
@@ -298,7 +339,7 @@ def _build(ctx: BuildContext) -> DraftModelProposer | None:
     if ctx.draft_model is None or ctx.draft_tokenizer is not None:     # another vocabulary: cross_vocab's
         return None
     return DraftModelProposer(ctx.draft_model, ctx.vocab_size, KVManager(ctx.draft_model, ctx.max_total_tokens),
-                              ctx.max_batched_tokens)
+                              ctx.max_batched_tokens, ctx.target_tokenizer)
 
 
 # k 4: the 0.5B draft's step costs ~a third of the target's, so its gain peaks at k=4 (docs/tuning.md)
