@@ -164,10 +164,10 @@ def test_a_sequences_own_tokens_outside_the_cut_are_drafted_from_the_whole_heads
 
 
 def test_a_sequence_writing_in_another_script_drafts_from_the_whole_head(llm, ranking, tiny_dirs, tmp_path_factory):
-    """Once WHOLE_HEAD_SHARE of a sequence's tokens are non-ASCII ones outside the cut (a Chinese answer, where the
-    ranking was counted on English and code), its columns are the whole head's logits over the whole vocabulary;
-    ASCII names outside the cut, or too few foreign tokens, keep it on the cut and its own rows. Greedy outputs stay
-    plain decoding's, and sampled drafts carry a q over the whole vocabulary."""
+    """Once WHOLE_HEAD_SHARE of a sequence's tokens (and WHOLE_HEAD_MIN) are non-ASCII ones outside the cut (a Chinese
+    answer, where the ranking was counted on English and code), its columns are the whole head's logits over the
+    whole vocabulary; ASCII names outside the cut, or too few foreign tokens, keep it on the cut and its own rows.
+    Greedy outputs stay plain decoding's, and sampled drafts carry a q over the whole vocabulary."""
     from model_cache import private_cache
 
     from specdec.models.loader import load_model
@@ -183,9 +183,12 @@ def test_a_sequence_writing_in_another_script_drafts_from_the_whole_head(llm, ra
     before = proposer.status()["draft_whole_head_sequences"]
     rows = proposer.context_rows(-1, ascii_ids * 4)
     assert rows is not None and not rows.whole                        # only ASCII outside the cut: its own rows
+    short = ascii_ids[:20] + foreign[:draft_model.WHOLE_HEAD_MIN - 1]  # over the share, under the count
+    assert not proposer.context_rows(-3, short).whole
+    proposer.release(-3)
     share = draft_model.WHOLE_HEAD_SHARE
     few = int(share * len(ascii_ids) * 4) // 2 or 1                   # under the share, then over it
-    assert few < share * (len(ascii_ids) * 4 + few)
+    assert few < share * (len(ascii_ids) * 4 + few) and 3 * few + 2 >= draft_model.WHOLE_HEAD_MIN
     rows = proposer.context_rows(-1, ascii_ids * 4 + foreign[:few])
     assert not rows.whole
     more = ascii_ids * 4 + foreign[:few] + foreign[few:few + 2 * few + 2]

@@ -19,10 +19,12 @@ from .tree import TreeBuilder
 
 DECODE_ROWS = 16     # catch-up spans up to this many tokens run as decode rows (row-by-row attention)
 # A cut head's ranking was counted on English text and code: a sequence that writes in another script finds most of
-# its tokens outside the cut (a Chinese answer 0.28 inside it), so once this share of its tokens are non-ASCII ones
-# the cut lacks (Chinese or Korean prompts 0.18-0.59; English and code, names and typographic quotes included,
-# under 0.02 of 271 ShareGPT and benchmark prompts) it drafts from the whole head (docs/benchmarks/draft-vocab).
+# its tokens outside the cut (a Chinese answer 0.28 inside it), so once this share of its tokens, and at least
+# WHOLE_HEAD_MIN of them, are non-ASCII ones the cut lacks (Chinese or Korean prompts 0.18-0.59; English and code,
+# names and typographic quotes included, under 0.02 of 271 ShareGPT and benchmark prompts) it drafts from the whole
+# head (docs/benchmarks/draft-vocab, "Prose in another script").
 WHOLE_HEAD_SHARE = 0.03
+WHOLE_HEAD_MIN = 4          # a short English prompt with one accented name stays on the cut
 
 
 def check_compatible(target_tok: Tokenizer, draft_tok: Tokenizer, target_vocab: int, draft_vocab: int) -> None:
@@ -203,7 +205,7 @@ class DraftModelProposer(Proposer):
         outside = [t for t in token_ids[rows.seen:] if t < self.vocab_size and not self.kept[t]]
         rows.seen = len(token_ids)
         rows.foreign += sum(self._foreign(t) for t in outside)
-        if rows.foreign and rows.foreign >= WHOLE_HEAD_SHARE * len(token_ids):
+        if rows.foreign >= max(WHOLE_HEAD_MIN, WHOLE_HEAD_SHARE * len(token_ids)):
             return self._whole(rows)
         new = [t for t in outside if t not in rows.ids]
         if new:

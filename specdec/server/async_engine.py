@@ -248,8 +248,10 @@ class AsyncEngine:
                 if self._incoming and not self._handles:
                     self._gather()
                 incoming, self._incoming = self._incoming, []
-            for handle in incoming:
-                self._add(handle)
+                # added under the lock: a request taken from `_incoming` and not yet in the engine's waiting list
+                # would count in neither, and try_admit would admit past the queue's size meanwhile
+                for handle in incoming:
+                    self._add(handle)
             for handle in [h for h in self._handles.values() if h.aborted.is_set()]:
                 self._abort(handle)
             if self._handles:               # only this server's requests are in the engine
