@@ -20,9 +20,10 @@ from .tree import TreeBuilder
 DECODE_ROWS = 16     # catch-up spans up to this many tokens run as decode rows (row-by-row attention)
 # A cut head's ranking was counted on English text and code: a sequence that writes in another script finds most of
 # its tokens outside the cut (a Chinese answer 0.28 inside it), so once this share of its tokens, and at least
-# WHOLE_HEAD_MIN of them, are non-ASCII ones the cut lacks (Chinese or Korean prompts 0.18-0.59; English and code,
-# names and typographic quotes included, under 0.02 of 271 ShareGPT and benchmark prompts) it drafts from the whole
-# head (docs/benchmarks/draft-vocab, "Prose in another script").
+# WHOLE_HEAD_MIN of them, are non-ASCII ones the cut lacks (Chinese or Korean prompts 0.18-0.59, Portuguese 0.05;
+# English and code, names and typographic quotes included, under 0.02 of 281 ShareGPT and benchmark prompts, one
+# English note full of French names 0.042) it drafts from the whole head (docs/benchmarks/draft-vocab, "Prose in
+# another script").
 WHOLE_HEAD_SHARE = 0.03
 WHOLE_HEAD_MIN = 4          # a short English prompt with one accented name stays on the cut
 
