@@ -222,7 +222,7 @@ class DraftModelProposer(Proposer):
             return False
         known = self.foreign.get(token)
         if known is None:
-            known = self.foreign[token] = max(self.tokenizer.token_bytes(token), default=0) >= 0x80
+            known = self.foreign[token] = not self.tokenizer.token_bytes(token).isascii()
         return known
 
     def _whole(self, rows: ContextRows) -> ContextRows:
