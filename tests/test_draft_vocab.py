@@ -163,11 +163,13 @@ def test_a_sequences_own_tokens_outside_the_cut_are_drafted_from_the_whole_heads
     assert len(d) == 3 and set(d.token_ids.tolist()) <= kept | set(own)
 
 
-def test_a_sequence_writing_in_another_script_drafts_from_the_whole_head(llm, ranking, tiny_dirs, tmp_path_factory):
+def test_a_sequence_writing_in_another_script_drafts_from_the_whole_head(llm, ranking, tiny_dirs, tmp_path_factory,
+                                                                         monkeypatch):
     """Once WHOLE_HEAD_SHARE of a sequence's tokens (and WHOLE_HEAD_MIN) are non-ASCII ones outside the cut (a Chinese
     answer, where the ranking was counted on English and code), its columns are the whole head's logits over the
     whole vocabulary; ASCII names outside the cut, or too few foreign tokens, keep it on the cut and its own rows.
-    Greedy outputs stay plain decoding's, and sampled drafts carry a q over the whole vocabulary."""
+    Greedy outputs stay plain decoding's, and sampled drafts carry a q over the whole vocabulary; the cut head computes
+    no rows for such a sequence."""
     from model_cache import private_cache
 
     from specdec.models.loader import load_model
@@ -197,15 +199,19 @@ def test_a_sequence_writing_in_another_script_drafts_from_the_whole_head(llm, ra
     with private_cache(tmp_path_factory):
         full = load_model(str(tiny_dirs["draft"]), dtype="float32", device="cpu", progress=False)
     hidden = torch.randn(2, full.config.hidden_size, generator=torch.Generator().manual_seed(1))
-    logits, token_ids = proposer.columns(-1, proposer.model.compute_logits(hidden), hidden)
+    logits, token_ids = proposer.columns(-1, None, hidden, 2)
     assert token_ids is None
     assert torch.allclose(logits, full.model.compute_logits(hidden)[:, :vocab], atol=1e-5)
     assert proposer.context_rows(-1, more + foreign[:3]) is rows      # whole from then on
     proposer.release(-1)
     # drafting: a sampled draft's q is over the whole vocabulary, and may propose tokens neither cut nor seen
+    cut_rows, cut_head = [], proposer.model.compute_logits
+    monkeypatch.setattr(proposer.model, "compute_logits", lambda h: cut_rows.append(len(h)) or cut_head(h))
     d = proposer.propose([ProposalContext(-2, more, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))],
                          [3])[0]
+    monkeypatch.undo()
     proposer.release(-2)
+    assert len(d) == 3 and cut_rows == []                             # the whole head's logits only
     assert d.q_draft.shape[-1] >= vocab and torch.allclose(d.q_draft.sum(-1), torch.ones(len(d)), atol=1e-5)
     assert (d.q_draft[:, [t for t in range(vocab) if t not in kept and t not in set(more)]] > 0).any()
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)

@@ -144,8 +144,9 @@ class DraftModelProposer(Proposer):
             # a tree's expanded nodes take a slot each (at most topk a level) after the committed tokens
             self.kv.ensure(ctx.seq_id, len(ids) + (ctx.topk * ctx.depth if ctx.tree else k))
             # a few new tokens take the decode path (the draft's rows need no exactness; this is about speed)
-            spans.append(Span(kv, kv.length, missing, "last", decode=len(missing) <= DECODE_ROWS,
-                              hidden=self.context_rows(ctx.seq_id, ids) is not None))
+            rows = self.context_rows(ctx.seq_id, ids)
+            spans.append(Span(kv, kv.length, missing, self._logits_of(ctx.seq_id, "last"),
+                              decode=len(missing) <= DECODE_ROWS, hidden=rows is not None))
             owners.append((i, None))
         # timed for the policy's clock only where the step is what c prices: one sequence's chain, no prompt read
         timed = len(spans) == 1 and owners[0] is not None and not trees and spans[0].decode
@@ -160,7 +161,7 @@ class DraftModelProposer(Proposer):
                 if owner is None:
                     continue
                 i, nodes = owner
-                lg, token_ids = self.columns(ctxs[i].seq_id, lg, h)
+                lg, token_ids = self.columns(ctxs[i].seq_id, lg, h, len(span.token_ids) if nodes is not None else 1)
                 if i in trees:
                     grow = self._grow_tree(trees[i], ctxs[i], ks[i], span.kv, lg, token_ids, nodes)
                     if grow is not None:
@@ -170,7 +171,7 @@ class DraftModelProposer(Proposer):
                 tok = self._token(lg, token_ids, ctxs[i], q_rows[i])
                 drafted[i].append(tok)
                 if len(drafted[i]) < ks[i]:
-                    nxt.append(Span(span.kv, span.kv.length, [tok], "last", decode=True, hidden=span.hidden))
+                    nxt.append(Span(span.kv, span.kv.length, [tok], span.logits, decode=True, hidden=span.hidden))
                     nxt_owners.append((i, None))
             spans, owners = nxt, nxt_owners
         self.timing = (forwards, context, time.perf_counter() - start) if timed else None
@@ -242,14 +243,22 @@ class DraftModelProposer(Proposer):
         logits, hidden = forward_spans(self.model, spans, aux_layers=(last,))
         return logits, [h[last] if h is not None else None for h in hidden]
 
-    def columns(self, seq_id: int, logits: torch.Tensor, hidden: torch.Tensor | None):
-        """(logits, the token of each of its columns): a cut head's logits followed by the sequence's own rows."""
+    def _logits_of(self, seq_id: int, wanted: str) -> str:
+        """The rows a span asks the model's (cut) head for: none where the sequence drafts from the whole head,
+        whose logits columns() computes from the hidden states (the cut head's would be dropped)."""
+        rows = self.extra.get(seq_id)
+        return "none" if rows is not None and rows.whole else wanted
+
+    def columns(self, seq_id: int, logits: torch.Tensor | None, hidden: torch.Tensor | None, n: int = 1):
+        """(logits, the token of each of its columns): a cut head's logits followed by the sequence's own rows, or
+        the whole head's for the hidden states' last `n` rows (logits None: the span asked the cut head for none)."""
         if self.output_ids is None:
             return logits[:, : self.vocab_size], None
         rows = self.extra.get(seq_id)
         if hidden is None or rows is None or rows.linear is None:
             return logits, self.output_ids
-        own = rows.linear(hidden[-logits.shape[0]:]).float()          # the rows the logits are for: the last ones
+        n = n if logits is None else logits.shape[0]                  # the rows the logits are for: the last ones
+        own = rows.linear(hidden[-n:]).float()
         if rows.whole:
             return own[:, : self.vocab_size], None
         return torch.cat([logits, own], dim=-1), rows.token_ids
@@ -281,7 +290,8 @@ class DraftModelProposer(Proposer):
         for r, node in enumerate(b.frontier):
             b.nodes[node].slot = start + r
         paths = [[b.nodes[a].slot for a in b.path(node)] for node in b.frontier]
-        return Span(kv, start, [b.nodes[n].token for n in b.frontier], "all", decode=True, paths=paths,
+        return Span(kv, start, [b.nodes[n].token for n in b.frontier], self._logits_of(ctx.seq_id, "all"),
+                    decode=True, paths=paths,
                     tree_base=base, hidden=ctx.seq_id in self.extra and self.extra[ctx.seq_id].linear is not None)
 
     def observe(self, result: VerifyResult) -> None:
