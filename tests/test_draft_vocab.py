@@ -218,3 +218,5 @@ def test_a_sequence_writing_in_another_script_drafts_from_the_whole_head(llm, ra
     plain = llm.generate(more, params, spec="none")[0].token_ids
     out = llm.generate(more, params, spec=SpeculativeConfig(method="draft", num_speculative_tokens=3))[0]
     assert out.token_ids == plain and out.stats.draft_tokens > 0
+    tree = llm.generate(more, params, spec=SpeculativeConfig(method="draft", num_speculative_tokens=3, eagle_topk=2))[0]
+    assert tree.token_ids == plain and tree.stats.draft_tokens > 0     # a token tree's levels from the whole head

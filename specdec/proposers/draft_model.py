@@ -291,8 +291,8 @@ class DraftModelProposer(Proposer):
             b.nodes[node].slot = start + r
         paths = [[b.nodes[a].slot for a in b.path(node)] for node in b.frontier]
         return Span(kv, start, [b.nodes[n].token for n in b.frontier], self._logits_of(ctx.seq_id, "all"),
-                    decode=True, paths=paths,
-                    tree_base=base, hidden=ctx.seq_id in self.extra and self.extra[ctx.seq_id].linear is not None)
+                    decode=True, paths=paths, tree_base=base,
+                    hidden=ctx.seq_id in self.extra and self.extra[ctx.seq_id].linear is not None)
 
     def observe(self, result: VerifyResult) -> None:
         kv = self.kv.caches.get(result.seq_id)
