@@ -145,7 +145,7 @@ class DraftModelProposer(Proposer):
             self.kv.ensure(ctx.seq_id, len(ids) + (ctx.topk * ctx.depth if ctx.tree else k))
             # a few new tokens take the decode path (the draft's rows need no exactness; this is about speed)
             rows = self.context_rows(ctx.seq_id, ids)
-            spans.append(Span(kv, kv.length, missing, self._logits_of(ctx.seq_id, "last"),
+            spans.append(Span(kv, kv.length, missing, self._logits_of(rows, "last"),
                               decode=len(missing) <= DECODE_ROWS, hidden=rows is not None))
             owners.append((i, None))
         # timed for the policy's clock only where the step is what c prices: one sequence's chain, no prompt read
@@ -243,10 +243,10 @@ class DraftModelProposer(Proposer):
         logits, hidden = forward_spans(self.model, spans, aux_layers=(last,))
         return logits, [h[last] if h is not None else None for h in hidden]
 
-    def _logits_of(self, seq_id: int, wanted: str) -> str:
+    @staticmethod
+    def _logits_of(rows: ContextRows | None, wanted: str) -> str:
         """The rows a span asks the model's (cut) head for: none where the sequence drafts from the whole head,
         whose logits columns() computes from the hidden states (the cut head's would be dropped)."""
-        rows = self.extra.get(seq_id)
         return "none" if rows is not None and rows.whole else wanted
 
     def columns(self, seq_id: int, logits: torch.Tensor | None, hidden: torch.Tensor | None, n: int = 1):
@@ -290,9 +290,9 @@ class DraftModelProposer(Proposer):
         for r, node in enumerate(b.frontier):
             b.nodes[node].slot = start + r
         paths = [[b.nodes[a].slot for a in b.path(node)] for node in b.frontier]
-        return Span(kv, start, [b.nodes[n].token for n in b.frontier], self._logits_of(ctx.seq_id, "all"),
-                    decode=True, paths=paths, tree_base=base,
-                    hidden=ctx.seq_id in self.extra and self.extra[ctx.seq_id].linear is not None)
+        rows = self.extra.get(ctx.seq_id)
+        return Span(kv, start, [b.nodes[n].token for n in b.frontier], self._logits_of(rows, "all"), decode=True,
+                    paths=paths, tree_base=base, hidden=rows is not None and rows.linear is not None)
 
     def observe(self, result: VerifyResult) -> None:
         kv = self.kv.caches.get(result.seq_id)
