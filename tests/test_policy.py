@@ -7,7 +7,7 @@ import pytest
 
 from specdec.policy import CostModel, PolicyConfig, RequestFeatures, choose, expected_speedup, expected_tokens
 from specdec.policy.cost_model import best_k
-from specdec.policy.decide import LOOKUP, MODEL, StepController, effective_alpha
+from specdec.policy.decide import LOOKUP, MODEL, StepController, effective_alpha, steps_alpha
 from specdec.policy.pools import SpeculationPolicy, rollout_arm
 
 # Shaped like this CPU: verifying 9 tokens costs 1.16 steps; a draft step 0.4 of a target step.
@@ -75,6 +75,29 @@ def test_step_controller_adapts_k_within_a_request():
     for _ in range(20):                      # everything accepted: k grows
         good.observe("draft", max(good.k, 1), max(good.k, 1))
     assert good.k >= 4
+
+
+def test_a_requests_alpha_prices_each_step_at_its_own_k():
+    # steps of 3 and 4 drafts, as a controller alternates them: the α that reproduces their tokens with each step
+    # at its own k, not at one k for the rounded mean (which moved by 0.05-0.09 as the mean crossed 3.5)
+    assert steps_alpha(sum(expected_tokens(0.85, k) for k in (3, 4, 4)), {3: 1, 4: 2}) == pytest.approx(0.85,
+                                                                                                        abs=1e-6)
+    mixed = 2 * expected_tokens(0.6, 1) + expected_tokens(0.6, 6)
+    assert steps_alpha(mixed, {1: 2, 6: 1}) == pytest.approx(0.6, abs=1e-6)
+    assert effective_alpha(mixed / 3, round((2 * 1 + 6) / 3)) != pytest.approx(0.6, abs=0.02)   # the rounded mean's
+    assert steps_alpha(2.0, {2: 2}) == pytest.approx(0.0, abs=1e-6)             # nothing accepted
+    assert steps_alpha(99.0, {2: 1, 3: 1}) == pytest.approx(1.0, abs=1e-6)      # everything, and more, accepted
+    cfg = PolicyConfig(prior_alpha={"draft": 0.85})
+    ctl = StepController("draft", 4, 0.85, CPU, cfg)
+    seen = []
+    for k, acc in [(3, 3), (3, 1), (4, 4), (3, 3), (4, 3), (3, 2), (4, 4), (4, 4), (3, 3), (4, 3)]:
+        ctl.observe("draft", k, acc)
+        seen.append(ctl.alpha)
+    steps = [b - a for a, b in zip(seen, seen[1:])]
+    # one more step moves the blended α by what it adds, never by the mean draft length crossing a rounding
+    assert max(abs(s) for s in steps[4:]) < 0.03, seen
+    own = steps_alpha(10 + 30, {3: 5, 4: 5})
+    assert ctl.alpha == pytest.approx((0.85 * ctl.prior_steps + own * 10) / (ctl.prior_steps + 10))
 
 
 def test_step_controller_takes_lookup_where_it_beats_the_draft():

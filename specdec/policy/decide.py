@@ -115,11 +115,20 @@ def effective_alpha(mean_accepted_length: float, k: int) -> float:
     nothing to propose, so accepted/drafted says little about what a step yields; matching the observed tokens
     per forward keeps the cost model honest.
     """
-    target = min(max(mean_accepted_length, 1.0), k + 1.0)
+    return steps_alpha(mean_accepted_length, {k: 1})
+
+
+def steps_alpha(tokens: float, steps_by_k: dict[int, float]) -> float:
+    """The α for which steps of these draft lengths (k -> how many) are expected to commit `tokens` in all,
+    sum_k n_k E(α, k) = tokens (bisection; E increases with α). Each step is priced at its own k: one k for their
+    mean would move α with the rounding of the mean (a request's steps at k 3 and 4 alternating read 0.86, then
+    0.95 after one more step of 4 all accepted, and its k swung between 3 and 7 with them)."""
+    steps = sum(steps_by_k.values())
+    target = min(max(tokens, steps), sum(n * (k + 1.0) for k, n in steps_by_k.items()))
     lo, hi = 0.0, 1.0
     for _ in range(40):
         mid = (lo + hi) / 2
-        if expected_tokens(mid, k) < target:
+        if sum(n * expected_tokens(mid, k) for k, n in steps_by_k.items()) < target:
             lo = mid
         else:
             hi = mid
@@ -269,6 +278,7 @@ class StepController:
         self.use_lookup = use_lookup                      # False: guesses are only scored, never verified
         self.prior_alpha = alpha
         self.drafted = self.accepted = self.steps = 0
+        self.steps_by_k: dict[int, int] = {}             # the model's steps by their draft length
         self.lookup_alpha = lookup_alpha                  # prior α of a lookup guess
         self.lookup_prior = lookup_prior or {}            # the pool's record, same shape as by_n
         # this request's record, decayed: match length -> [guesses, tokens proposed, tokens accepted]
@@ -303,7 +313,7 @@ class StepController:
     def alpha(self) -> float:
         if not self.steps:
             return self.prior_alpha
-        own = effective_alpha(1 + self.accepted / self.steps, max(1, round(self.drafted / self.steps)))
+        own = steps_alpha(self.steps + self.accepted, self.steps_by_k)
         w = self.prior_steps
         return (self.prior_alpha * w + own * self.steps) / (w + self.steps)
 
@@ -407,6 +417,7 @@ class StepController:
             self.drafted += num_draft
             self.accepted += num_accepted
             self.steps += 1
+            self.steps_by_k[num_draft] = self.steps_by_k.get(num_draft, 0) + 1
             if self.explore and self.steps < self.explore_steps:
                 return
             k, s = best_k(self.model, self.alpha, self.cost, self.cfg.k_max)
@@ -439,4 +450,5 @@ class StepController:
             self.retired.append((self.model, self.drafted, self.accepted, self.steps))
         self.model, self.k, self.prior_alpha, self.fallback = model, k, alpha, None
         self.drafted = self.accepted = self.steps = 0
+        self.steps_by_k = {}
         self.explore = False              # what the pool lacked of the head it has now; the draft runs on its merits
