@@ -8,7 +8,7 @@ import pytest
 from specdec.policy import CostModel, PolicyConfig, RequestFeatures, choose, expected_speedup, expected_tokens
 from specdec.policy.cost_model import best_k
 from specdec.policy.decide import LOOKUP, MODEL, StepController, effective_alpha, steps_alpha
-from specdec.policy.pools import SpeculationPolicy, rollout_arm
+from specdec.policy.pools import SpeculationPolicy, rollout_arm, size_class
 
 # Shaped like this CPU: verifying 9 tokens costs 1.16 steps; a draft step 0.4 of a target step.
 CPU = CostModel(draft_step=0.4, verify=[1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16], lookup=0.01)
@@ -148,6 +148,7 @@ class _Stats:
         self.target_forwards = steps
         self.completion_tokens = 1 + steps + accepted
         self.e2e_s, self.ttft_s = e2e, ttft
+        self.prompt_tokens = 0
 
 
 def test_pool_falls_back_warns_once_and_probes(caplog):
@@ -218,6 +219,49 @@ def test_draft_is_explored_and_lookup_is_scored_for_free():
     assert first.method == "draft" and "exploring" in first.reason
     # short outputs never explore
     assert pol.decide("e", "fresh", RequestFeatures(max_tokens=4)).method == "none"
+
+
+@pytest.mark.parametrize("pair_margin", [1.1, math.inf])
+def test_lookups_record_is_read_from_prompts_of_the_requests_size(pair_margin):
+    # one pool: edits of ~150-token prompts that lookup copies, then an instruction of ~50 tokens with nothing to copy
+    pol = SpeculationPolicy(CPU, PolicyConfig(pair_margin=pair_margin), ("ngram", "draft"))
+    assert [size_class(n) for n in (0, 1, 47, 63, 64, 150, 2000)] == [0, 1, 6, 6, 7, 8, 11]
+
+    def run(rid, prompt, matched, draft_acc):    # matched: how many of each guess's 8 tokens held, step by step
+        d = pol.decide(rid, "chat", RequestFeatures(max_tokens=128, context=prompt))
+        ctl = pol.controller(d, "chat", 0.0, prompt, max_tokens=128)
+        for i in range(12):
+            m = matched[i % len(matched)]
+            source, k = ctl.plan(4, 8)
+            ctl.observe(source, k, min(k, m) if source == "lookup" else min(k, draft_acc), n=4, lookup_len=8,
+                        lookup_matched=m)
+        pol.record("chat", d, 0.0, _Stats(drafted=40, accepted=30, steps=12), ctl)
+        return d
+
+    assert run("e1", 150, [7], 3).explore                  # the draft's first try in the pool
+    edit = run("e2", 150, [7], 3)
+    assert edit.method == "ngram" and "the matches first" in edit.reason
+    pool = pol.pools["chat"]
+    # a smaller prompt than any seen borrows the nearest size's record: as one pooled record did
+    first = pol.decide("g1", "chat", RequestFeatures(max_tokens=128, context=50))
+    assert first.method == "ngram" and first.alpha == pytest.approx(
+        pool.estimate("ngram", "greedy", pol.cfg.prior_alpha["ngram"], pol.cfg.prior_tokens, size_class(150)))
+    run("g1", 50, [0, 0, 1], 3)                            # lookup had little to offer an instruction
+    gen = pol.decide("g2", "chat", RequestFeatures(max_tokens=128, context=47))
+    # lookup alone is still expected to pay a little, but the draft by more than the margin that would move the
+    # request to it after its first steps: the pair from the first step, lookup beside the draft
+    alone = pool.estimate("ngram", "greedy", pol.cfg.prior_alpha["ngram"], pol.cfg.prior_tokens, size_class(47))
+    assert best_k("ngram", alone, CPU, 8)[1] > pol.cfg.min_speedup
+    if pair_margin == math.inf:                            # as it was: the matches first wherever they pay
+        assert gen.method == "ngram" and "the matches first" in gen.reason
+        return
+    assert gen.method == "draft" and gen.alpha > 0.7 and "alone it is expected" in gen.reason
+    assert pool.alpha("ngram", "greedy", size=size_class(47)) < 0.4 < 0.6 < pool.alpha("ngram", "greedy",
+                                                                                           size=size_class(150))
+    ctl = pol.controller(gen, "chat", 0.0, 47, max_tokens=128)
+    assert ctl.lookup_prior == pool.lookup_prior("greedy", size_class(47)) != pool.lookup_prior("greedy")
+    # the edits' size still reads their own record
+    assert pol.decide("e3", "chat", RequestFeatures(max_tokens=128, context=140)).method == "ngram"
 
 
 def test_an_exploring_request_drafts_with_the_model_even_where_lookup_or_the_prior_would_not():

@@ -56,6 +56,10 @@ class PolicyConfig:
     # a learned head starts a request in place of the draft model only where it is expected to decode this much
     # faster (each with prompt lookup beside it, the draft's read paid)
     head_margin: float = 1.1
+    # where the draft model with its read paid is expected to decode this much faster than the matches alone, a
+    # request starts on the pair at once instead of on the matches (the margin by which its first steps would move
+    # it there, StepController.switch_margin); inf: the matches first wherever they pay
+    pair_margin: float = 1.1
 
     def __post_init__(self):
         if not K_MIN <= self.k_max <= K_MAX:
@@ -64,6 +68,8 @@ class PolicyConfig:
             raise ValueError(f"probe_fraction must be in [0, 1], got {self.probe_fraction}")
         if not self.head_margin > 0:
             raise ValueError(f"head_margin must be > 0, got {self.head_margin}")
+        if not self.pair_margin > 0:
+            raise ValueError(f"pair_margin must be > 0, got {self.pair_margin}")
         if self.clock_window < 0:
             raise ValueError(f"clock_window must be >= 0, got {self.clock_window}")
         if not 0 <= self.min_acceptance < 1:
@@ -219,6 +225,14 @@ def choose(features: RequestFeatures, alphas: dict[str, float | None], cost: Cos
             # starts at once
             if get_method(draft.method).needs != "draft_model" or free is None or s_free < cfg.min_speedup:
                 draft.reason += f" (lookup where it beats the {draft.method})"
+                return draft
+            # where the matches alone are expected to fall short of the draft by the margin that would move the
+            # request to it after its first steps, those steps would only be spent learning that: the pair starts at
+            # once (lookup's record is read from prompts of this one's size, pools.size_class: code generation's
+            # short instructions gave it 1.1-1.2x where the pool's edits and summaries gave it 2x)
+            if overall(draft.method, draft.expected_speedup) >= s_free * cfg.pair_margin:
+                draft.reason += (f" (lookup where it beats the {draft.method}; alone it is expected "
+                                 f"{s_free:.2f}x)")
                 return draft
             # the matches first: the request starts on them alone, and the draft model reads the context and drafts
             # from the step the request's own record says it would do better (StepController._maybe_switch). A

@@ -62,6 +62,17 @@ class Observation:
     tokens: int               # decode-phase tokens (after the first)
     net_speedup: float | None
     by_n: dict = field(default_factory=dict)   # lookup: match length -> (proposals, proposed, accepted)
+    size: int = 0             # the request's prompt, size_class(prompt tokens)
+
+
+def size_class(prompt_tokens: int) -> int:
+    """A prompt's size class, its token count's bit length (0-1, 2-3, 4-7, ..., 32-63, 64-127 tokens, ...).
+
+    Prompt lookup copies what the prompt holds, so its record is kept by the size of the prompts it was seen on: in
+    one pool, the code edits and summaries (100-170 tokens here, most of it text to copy) set lookup's α at 0.6-0.7,
+    and a code-generation request (40-60 tokens, an instruction) then started on the matches alone and ran ~8 nearly
+    plain steps before it moved to the draft (0.85 of the fixed draft in process, docs/benchmarks/auto-vs-fixed)."""
+    return max(0, int(prompt_tokens)).bit_length()
 
 
 @dataclass
@@ -108,42 +119,52 @@ class Pool:
         alphas = [a for a in alphas if a is not None]
         return max(alphas) if alphas else None
 
-    def alpha(self, method: str, bucket: str, prior: float | None = None, prior_tokens: int = 0) -> float | None:
-        obs = [o for o in self.observations() if o.method == method and o.bucket == bucket]
+    def alpha(self, method: str, bucket: str, prior: float | None = None, prior_tokens: int = 0,
+              size: int | None = None) -> float | None:
+        obs = self._matching(method, bucket, size)
         return self._alpha(obs, prior, prior_tokens) if obs else None
+
+    def _matching(self, method: str, bucket: str, size: int | None = None) -> list[Observation]:
+        """The method's observations in this temperature bucket; with a size class, those of prompts of that size,
+        else of the nearest size seen (the smaller on a tie), so a pool's first request of a new size reads them all
+        as before."""
+        obs = [o for o in self.observations() if o.method == method and o.bucket == bucket]
+        if size is None or not obs:
+            return obs
+        near = min({o.size for o in obs}, key=lambda c: (abs(c - size), c))
+        return [o for o in obs if o.size == near]
 
     def count(self, method: str, bucket: str | None = None) -> int:
         return sum(1 for o in self.observations() if o.method == method and (bucket is None or o.bucket == bucket))
 
-    def estimate(self, method: str, bucket: str, prior: float | None = None, prior_tokens: int = 0) -> float | None:
+    def estimate(self, method: str, bucket: str, prior: float | None = None, prior_tokens: int = 0,
+                 size: int | None = None) -> float | None:
         """This bucket's α (weighed against `prior`), else one borrowed from the nearest bucket; None before any
         observation."""
-        a = self.alpha(method, bucket, prior, prior_tokens)
-        return a if a is not None else self.borrowed_alpha(method, bucket, prior, prior_tokens)
+        a = self.alpha(method, bucket, prior, prior_tokens, size)
+        return a if a is not None else self.borrowed_alpha(method, bucket, prior, prior_tokens, size)
 
     def borrowed_alpha(self, method: str, bucket: str, prior: float | None = None,
-                       prior_tokens: int = 0) -> float | None:
+                       prior_tokens: int = 0, size: int | None = None) -> float | None:
         """No observation in this temperature bucket: the nearest other bucket's α (weighed against the prior as
         there), lowered when this bucket is hotter (sampled draws agree less often)."""
         order = ["greedy", "low", "high"]
         here = order.index(bucket)
         for other in sorted((b for b in order if b != bucket), key=lambda b: abs(order.index(b) - here)):
-            a = self.alpha(method, other, prior, prior_tokens)
+            a = self.alpha(method, other, prior, prior_tokens, size)
             if a is not None:
                 return a * (0.85 ** max(0, here - order.index(other)))
         return None
 
-    def lookup_prior(self, bucket: str) -> dict[int, tuple[float, float, float]]:
-        """The window's prompt-lookup record per match length (this temperature bucket), the prior for the next
-        request's step controller."""
+    def lookup_prior(self, bucket: str, size: int | None = None) -> dict[int, tuple[float, float, float]]:
+        """The window's prompt-lookup record per match length (this temperature bucket; with a size class, of the
+        prompts nearest that size), the prior for the next request's step controller."""
         total: dict[int, list[int]] = {}
-        lookup = lookup_method()
-        for o in self.observations():
-            if o.method == lookup and o.bucket == bucket:
-                for n, rec in o.by_n.items():
-                    t = total.setdefault(n, [0, 0, 0])
-                    for i in range(3):
-                        t[i] += rec[i]
+        for o in self._matching(lookup_method(), bucket, size):
+            for n, rec in o.by_n.items():
+                t = total.setdefault(n, [0, 0, 0])
+                for i in range(3):
+                    t[i] += rec[i]
         return {n: tuple(t) for n, t in total.items()}
 
     def net_speedup(self) -> float | None:
@@ -217,7 +238,8 @@ class SpeculationPolicy:
         pool = self.pool(pool_name)
         pool.requests += 1
         bucket = temperature_bucket(features.temperature)
-        alphas = {m: self._estimate(pool, m, bucket, features.temperature) for m in self.available}
+        size = size_class(features.context)
+        alphas = {m: self._estimate(pool, m, bucket, features.temperature, size) for m in self.available}
         d = choose(features, alphas, self.cost, self.cfg, self.available, self.max_context)
         if d.gated:
             return d
@@ -264,7 +286,8 @@ class SpeculationPolicy:
         bucket = temperature_bucket(temperature)
         pool = self.pool(pool_name)
         ngram = lookup_method()
-        lookup_alpha = self._estimate(pool, ngram, bucket, temperature)
+        size = size_class(context)
+        lookup_alpha = self._estimate(pool, ngram, bucket, temperature, size)
         draft = draft_model_method()
         fallback = None
         if draft in self.available and draft != decision.method and max_tokens:
@@ -272,7 +295,7 @@ class SpeculationPolicy:
             fallback = (draft, alpha if alpha is not None else prior_alpha(draft, temperature, self.cfg))
         return StepController(decision.method, decision.k, decision.alpha or 0.5, self.cost.at(context), self.cfg,
                               lookup_alpha if lookup_alpha is not None else prior_alpha(ngram, temperature, self.cfg),
-                              pool.lookup_prior(bucket), use_lookup=ngram in self.available, guesser=guesser,
+                              pool.lookup_prior(bucket, size), use_lookup=ngram in self.available, guesser=guesser,
                               explore=decision.explore, fallback=fallback, prompt_len=context, max_tokens=max_tokens)
 
     def record(self, pool_name: str, decision: Decision, temperature: float, stats,
@@ -286,13 +309,14 @@ class SpeculationPolicy:
         if self.cost.target_step_s and decode_s > 0 and stats.completion_tokens > 1:
             net = (stats.completion_tokens - 1) * self.cost.target_step_s / decode_s
         bucket = temperature_bucket(temperature)
+        size = size_class(controller.prompt_len if controller is not None else stats.prompt_tokens)
         found = []
         if controller is None:
             if stats.draft_steps:
                 k = max(1, round(stats.draft_tokens / stats.draft_steps))
                 found.append(Observation(decision.method, bucket, k, stats.draft_tokens, stats.accepted_tokens,
                                          stats.draft_steps, max(1, stats.target_forwards),
-                                         max(0, stats.completion_tokens - 1), net))
+                                         max(0, stats.completion_tokens - 1), net, size=size))
         else:
             c = controller
             for model, drafted, accepted, steps in c.retired:    # a head the request moved away from
@@ -306,7 +330,7 @@ class SpeculationPolicy:
                 found.append(Observation(ngram, bucket, max(1, round(c.lookup_proposed / max(1, c.lookup_guesses))),
                                          c.lookup_proposed, c.lookup_matched, c.lookup_guesses, c.lookup_evaluated,
                                          c.lookup_evaluated + c.lookup_matched, net if not c.steps else None,
-                                         {n: tuple(r) for n, r in c.by_n.items()}))
+                                         {n: tuple(r) for n, r in c.by_n.items()}, size))
         if not found:
             return
         pool = self.pool(pool_name)
@@ -324,14 +348,18 @@ class SpeculationPolicy:
         prices it alone, where no model proposer pays -- which its matches' record beside the model shows as well."""
         return [m for m in self.available if m not in self.matched and pool.count(m) < self.cfg.explore_requests]
 
-    def _estimate(self, pool: Pool, method: str, bucket: str, temperature: float) -> float | None:
-        """A method's α in this pool and bucket, weighed against its prior by evidence (PolicyConfig.prior_tokens).
+    def _estimate(self, pool: Pool, method: str, bucket: str, temperature: float,
+                  size: int | None = None) -> float | None:
+        """A method's α in this pool and bucket, weighed against its prior by evidence (PolicyConfig.prior_tokens);
+        the matches' (prompt lookup's, suffix decoding's) from the prompts nearest this request's `size` class.
         A cache (suffix decoding) that has not run alone here takes the matches' record (prompt lookup's): its
         guesses are part of it, and its prior would price matches the record has seen fail."""
-        own = pool.estimate(method, bucket, prior_alpha(method, temperature, self.cfg), self.cfg.prior_tokens)
+        size = size if method in self.matched else None
+        own = pool.estimate(method, bucket, prior_alpha(method, temperature, self.cfg), self.cfg.prior_tokens, size)
         ngram = lookup_method()
         if own is None and method != ngram and method in self.matched and ngram in self.available:
-            return pool.estimate(ngram, bucket, prior_alpha(ngram, temperature, self.cfg), self.cfg.prior_tokens)
+            return pool.estimate(ngram, bucket, prior_alpha(ngram, temperature, self.cfg), self.cfg.prior_tokens,
+                                 size)
         return own
 
     def _acceptance(self, pool: Pool, obs: list[Observation] | None = None) -> float | None:
