@@ -275,6 +275,7 @@ class StepController:
     explore_steps = 4                 # an exploring request's first model steps, run at its k whatever lookup offers
     switch_after = 4                  # a head's own steps (a lookup's: twice as many) before its record may send
     switch_margin = 1.1               # the request to the draft model, expected to decode this much faster, read paid
+    lookup_switch_after = 8           # a lookup's steps (guessed or not) before its record may send it there
     lookup_prior_weight = 2.0         # proposals a prior is worth against this request's own record
     lookup_decay = 0.8                # per guess of the same match length: the record remembers ~5 guesses
 
@@ -444,7 +445,7 @@ class StepController:
         if self.head and (self.steps >= self.switch_after or (self.steps >= 2 and not self.k)):
             self._maybe_switch(f"{self.model} after {self.lookup_evaluated} steps ({self.steps} its own, α="
                                f"{self.alpha:.2f}): {mine:.2f}x", mine)
-        elif not self.head and self.lookup_evaluated >= 2 * self.switch_after:
+        elif not self.head and self.lookup_evaluated >= self.lookup_switch_after:
             self._maybe_switch(f"lookup alone after {self.lookup_evaluated} steps: {mine:.2f}x", mine)
 
     def _maybe_switch(self, why: str, mine: float) -> None:
