@@ -273,9 +273,9 @@ class StepController:
 
     prior_steps = 2.0
     explore_steps = 4                 # an exploring request's first model steps, run at its k whatever lookup offers
-    switch_after = 4                  # a head's own steps (a lookup's: twice as many) before its record may send
-    switch_margin = 1.1               # the request to the draft model, expected to decode this much faster, read paid
-    lookup_switch_after = 8           # a lookup's steps (guessed or not) before its record may send it there
+    switch_after = 4                  # a head's own steps before its record may send the request to the draft
+    switch_margin = 1.1               # model, expected to decode this much faster, its read paid
+    lookup_switch_after = 8           # a lookup's steps, guessed or not (after 4: level, summaries moved too early)
     lookup_prior_weight = 2.0         # proposals a prior is worth against this request's own record
     lookup_decay = 0.8                # per guess of the same match length: the record remembers ~5 guesses
 
