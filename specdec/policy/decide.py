@@ -294,6 +294,7 @@ class StepController:
         self.prior_alpha = alpha
         self.drafted = self.accepted = self.steps = 0
         self.steps_by_k: dict[int, int] = {}             # the model's steps by their draft length
+        self.own_alpha = 0.0                              # their α (steps_alpha), read after each of them
         self.lookup_alpha = lookup_alpha                  # prior α of a lookup guess
         self.lookup_prior = lookup_prior or {}            # the pool's record, same shape as by_n
         # this request's record, decayed: match length -> [guesses, tokens proposed, tokens accepted]
@@ -328,9 +329,8 @@ class StepController:
     def alpha(self) -> float:
         if not self.steps:
             return self.prior_alpha
-        own = steps_alpha(self.steps + self.accepted, self.steps_by_k)
         w = self.prior_steps
-        return (self.prior_alpha * w + own * self.steps) / (w + self.steps)
+        return (self.prior_alpha * w + self.own_alpha * self.steps) / (w + self.steps)
 
     @staticmethod
     def bucket(n: int) -> int:
@@ -433,6 +433,8 @@ class StepController:
             self.accepted += num_accepted
             self.steps += 1
             self.steps_by_k[num_draft] = self.steps_by_k.get(num_draft, 0) + 1
+            # once per step, not per read of α (a bisection over every draft length seen, read 2-4 times a step)
+            self.own_alpha = steps_alpha(self.steps + self.accepted, self.steps_by_k)
             if self.explore and self.steps < self.explore_steps:
                 return
             k, s = best_k(self.model, self.alpha, self.cost, self.cfg.k_max)

@@ -12,10 +12,9 @@ from policy_ab import main, request
 from specdec.policy import decide, pools
 
 VARIANTS = ["none", "draft", "hybrid-before", "hybrid-after", "auto-before", "auto-after"]
-SHIPPED = pools.StepController
 
 
-class MeanK(SHIPPED):
+class MeanK(pools.StepController):
     """The controller as it was: its draft steps' α at the rounded mean of their draft lengths."""
 
     @property
@@ -28,11 +27,7 @@ class MeanK(SHIPPED):
 
 
 def run(llm, ids, variant, params, salt):
-    pools.StepController = MeanK if variant.endswith("before") else SHIPPED
-    try:
-        return request(llm, ids, variant, params, salt)
-    finally:
-        pools.StepController = SHIPPED
+    return request(llm, ids, variant, params, salt, MeanK if variant.endswith("before") else None)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,19 @@ from specdec.bench.datasets import load_prompts
 from specdec.bench.idle import wait_until_idle
 from specdec.bench.interleaved import interleave, ratio_medians, request_figures
 from specdec.config import SpeculativeConfig
+from specdec.policy import pools
 
 
-def request(llm, ids, variant, params, salt) -> dict:
+def request(llm, ids, variant, params, salt, controller=None) -> dict:
     """One request of this variant on an idle machine: its figures, the method auto ran and why, its draft's tokens
-    and its target forwards."""
+    and its target forwards. `controller`: the StepController class its policy builds for it (the shipped one
+    otherwise)."""
+    if controller is not None:
+        shipped, pools.StepController = pools.StepController, controller
+        try:
+            return request(llm, ids, variant, params, salt)
+        finally:
+            pools.StepController = shipped
     kind = variant.split("-")[0]
     if kind in ("auto", "hybrid"):
         spec, pool = SpeculativeConfig(method=kind), variant

@@ -11,19 +11,14 @@ from policy_ab import main, request
 from specdec.policy import pools
 
 VARIANTS = ["none", "draft", "auto-before", "auto-after"]
-SHIPPED = pools.StepController
 
 
-class Early(SHIPPED):
+class Early(pools.StepController):
     lookup_switch_after = 4
 
 
 def run(llm, ids, variant, params, salt):
-    pools.StepController = Early if variant == "auto-after" else SHIPPED
-    try:
-        return request(llm, ids, variant, params, salt)
-    finally:
-        pools.StepController = SHIPPED
+    return request(llm, ids, variant, params, salt, Early if variant == "auto-after" else None)
 
 
 if __name__ == "__main__":
