@@ -132,13 +132,38 @@ def test_a_guess_is_charged_only_for_the_tokens_put_to_the_test():
         source, k, guess = ctl.choose_step([0] * 40, 8, None, None)
         assert source == "ngram"
         ks.append(k)
-        ctl.observe_step(k, k, guess + [7])        # every verified token held, then the bonus token
+        ctl.observe_step(k, k, copy[:k + 1])       # every verified token held, and the bonus token went on
     assert ks[0] <= 2 and ks[-1] >= 4, ks
     # shadowed by a draft step: the guess is compared with the tokens that step committed, no further
     shadow = StepController("draft", 4, 0.9, zen4, PolicyConfig(), guesser=lambda ids, room, c: (1, copy[:room]))
     shadow.choose_step([0] * 40, 8, None, None)
     shadow.observe_step(4, 1, copy[:2])             # the draft's step committed 2 tokens; the guess agreed on both
-    assert shadow.by_n[1] == [1.0, 2.0, 2.0] and shadow.lookup_proposed == 2
+    assert shadow.by_n[1] == [1.0, 1.0, 1.0, 1.0] and shadow.lookup_proposed == 2   # held, then held again
+
+
+@pytest.mark.parametrize("copies", [True, False])
+def test_a_copys_later_tokens_are_priced_apart_from_its_first(copies):
+    """Guesses from 1-token matches (long retrieval prompts): the first token holds 1 time in 3. Where the copy
+    then goes on (the bonus token agrees with the guess), verifying 4 pays although one α for every token would
+    verify 1; where it stops after the first token, 1 stays the best. Rows cost 0.075 of a step each, as at 2k tokens
+    of context on the 2-core machines."""
+    long = CostModel(draft_step=0.5, verify=[1.0, 1.08, 1.15, 1.22, 1.3, 1.37, 1.45, 1.52, 1.6], lookup=0.01)
+    copy = list(range(100, 108))
+    ctl = StepController("ngram", 0, 0.3, long, PolicyConfig(), lookup_alpha=0.3,
+                         guesser=lambda ids, room, c: (1, copy[:room]))
+    for i in range(20):
+        source, k, guess = ctl.choose_step([0] * 2000, 8, None, None)
+        assert source == "ngram" and guess == copy[:k]
+        held = i % 3 == 2
+        after = copy[:k + 1] if copies else copy[:k] + [7]         # the target's tokens: the guess's, or not past k
+        ctl.observe_step(k, k if held else 0, after if held else [7])
+    first, rest = ctl.lookup_acceptance(1)
+    assert 0.2 < first < 0.45
+    assert (rest > 0.8) if copies else (rest < 0.2)
+    # one α for every token, a record of guesses verified 1 deep: the first token's odds
+    assert best_k("ngram", first, long, 8)[0] == 1
+    source, k = ctl.plan(1, 8)
+    assert source == LOOKUP and (k >= 4 if copies else k == 1), k
 
 
 class _Stats:

@@ -25,10 +25,14 @@ from ..config import PLAIN
 from ..proposers.registry import METHOD_TABLE
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Mean tokens committed per target forward (accepted drafts + the recovered or bonus token)."""
+def expected_tokens(alpha: float, k: int, rest: float | None = None) -> float:
+    """Mean tokens committed per target forward (accepted drafts + the recovered or bonus token). With `rest`, the
+    first draft holds with probability α and each later one, once the one before it held, with probability `rest`:
+    1 + α·E(rest, k − 1) (a copied span: its first token is the bet, the ones after it mostly follow)."""
     if k <= 0:
         return 1.0
+    if rest is not None:
+        return 1.0 + min(max(alpha, 0.0), 1.0) * expected_tokens(rest, k - 1)
     alpha = min(max(alpha, 0.0), 1.0)
     if alpha >= 1.0 - 1e-9:
         return float(k + 1)
@@ -287,19 +291,20 @@ class StepBudget:
     def rate(self, d_tokens: float = 0.0, d_rows: int = 0, d_extra: float = 0.0) -> float:
         return (self.tokens + d_tokens) / (self.cost.V(self.rows + d_rows) + self.extra + d_extra)
 
-    def gain(self, method: str, alpha: float, k: int) -> float:
-        """The step's expected rate with this sequence's k drafts, relative to without them."""
+    def gain(self, method: str, alpha: float, k: int, rest: float | None = None) -> float:
+        """The step's expected rate with this sequence's k drafts, relative to without them (`rest`: as in
+        expected_tokens)."""
         if k <= 0:
             return 1.0
-        return self.rate(expected_tokens(alpha, k) - 1.0, k, proposal_cost(method, k, self.cost)) / self.rate()
+        return self.rate(expected_tokens(alpha, k, rest) - 1.0, k, proposal_cost(method, k, self.cost)) / self.rate()
 
-    def best(self, method: str, alpha: float, k_max: int) -> tuple[int, float]:
+    def best(self, method: str, alpha: float, k_max: int, rest: float | None = None) -> tuple[int, float]:
         """The k in 0..k_max with the highest gain (ties go to the smaller k)."""
-        return _best(lambda k: self.gain(method, alpha, k), k_max)
+        return _best(lambda k: self.gain(method, alpha, k, rest), k_max)
 
-    def add(self, method: str, alpha: float, k: int) -> None:
+    def add(self, method: str, alpha: float, k: int, rest: float | None = None) -> None:
         if k > 0:
-            self.tokens += expected_tokens(alpha, k) - 1.0
+            self.tokens += expected_tokens(alpha, k, rest) - 1.0
             self.rows += k
             self.extra += proposal_cost(method, k, self.cost)
 

@@ -265,7 +265,8 @@ class StepController:
     request's record for matches of that length, beats the draft's. The record is kept at every step, also when
     the draft runs: the guess is compared with the tokens the target committed (for sampling, the chance that a
     committed token equals the guess is the chance the guess would have been accepted), so knowing what lookup
-    would do costs nothing. Copy-heavy stretches of a request then go to lookup, the rest to the draft.
+    would do costs nothing. Copy-heavy stretches of a request then go to lookup, the rest to the draft. A guess is
+    priced by two odds, its first token's and each later one's once the one before it held (`lookup_acceptance`).
 
     A request that runs a learned head, or lookup alone, may move to the draft model once, where the draft is
     expected to do better than the request's own steps have (`_maybe_switch`).
@@ -297,7 +298,8 @@ class StepController:
         self.own_alpha = 0.0                              # their α (steps_alpha), read after each of them
         self.lookup_alpha = lookup_alpha                  # prior α of a lookup guess
         self.lookup_prior = lookup_prior or {}            # the pool's record, same shape as by_n
-        # this request's record, decayed: match length -> [guesses, tokens proposed, tokens accepted]
+        # this request's record, decayed: match length -> [guesses, first tokens held, later tokens tested (each
+        # after the one before it held), later tokens held]
         self.by_n: dict[int, list[float]] = {}
         self.lookup_evaluated = 0                         # steps at which lookup was offered or shadowed
         self.lookup_matched = 0                           # tokens its guesses would have had accepted
@@ -336,24 +338,28 @@ class StepController:
     def bucket(n: int) -> int:
         return min(n, 4)
 
-    def lookup_alpha_for(self, n: int, length: int) -> float:
-        """Effective α of a lookup guess of `length` tokens from a match of length n: this request's record for
-        that match length, with the pool's record (or the prior α) as a prior. The prior α stands for guesses as
-        deep as this request's own were tested (the guess's length before any): priced at 8 tokens a guess, its 2
-        guesses at α 0.3 would add 16 tested tokens of which 0.86 held, and outweigh own guesses tested 2 deep."""
+    def lookup_acceptance(self, n: int) -> tuple[float, float]:
+        """(first, rest): the odds that a lookup guess from a match of length n holds at its first token, and at
+        each later one once the one before it held (expected_tokens' `rest`), from this request's record for that
+        match length with the pool's record (or the prior α, for both) as a prior worth `lookup_prior_weight`
+        guesses.
+
+        One α for every token of a guess priced a copied span's later tokens as unlikely as its first: on long
+        retrieval prompts most guesses come from 1-2 token matches, whose first token held 0.2-0.4 of the time but
+        whose second held nearly always after it, so the plan verified 1 token a step where the fixed lookup's 4
+        finished the request in 53 target forwards against 66."""
         b = self.bucket(n)
-        own = self.by_n.get(b, [0, 0, 0])
+        own = self.by_n.get(b, [0.0, 0.0, 0.0, 0.0])
         prior = self.lookup_prior.get(b)
         w = self.lookup_prior_weight
         if prior and prior[0]:
             scale = min(1.0, w / prior[0])
-            pp, pd, pa = (x * scale for x in prior)
+            pg, pf, pt, ph = (x * scale for x in prior)
         else:
-            depth = max(1, round(own[1] / own[0])) if own[0] else length
-            pd = w * depth
-            pp, pa = w, w * (expected_tokens(self.lookup_alpha, depth) - 1)
-        props, proposed, accepted = own[0] + pp, own[1] + pd, own[2] + pa
-        return effective_alpha(1 + accepted / props, max(1, round(proposed / props)))
+            pg, pf, pt, ph = w, w * self.lookup_alpha, w, w * self.lookup_alpha
+        first = (own[1] + pf) / (own[0] + pg)
+        rest = (own[3] + ph) / (own[2] + pt) if own[2] + pt > 0 else first
+        return first, rest
 
     def plan(self, n: int, lookup_len: int, budget: StepBudget | None = None) -> tuple[str, int]:
         """(LOOKUP, tokens of the guess to verify) or (MODEL, k); (MODEL, 0) is a plain step.
@@ -367,14 +373,14 @@ class StepController:
             budget.add(self.model, self.alpha, self.k)
             return MODEL, self.k
         k_d, g_d = budget.best(self.model, self.alpha, self.k) if self.k else (0, 1.0)
-        choice = (MODEL, k_d, g_d, self.alpha)
+        choice = (MODEL, k_d, g_d, self.alpha, None)
         if lookup_len and self.use_lookup:
-            a = self.lookup_alpha_for(n, lookup_len)
-            k_l, g_l = budget.best(lookup_method(), a, lookup_len)
+            first, rest = self.lookup_acceptance(n)
+            k_l, g_l = budget.best(lookup_method(), first, lookup_len, rest)
             if k_l and g_l > g_d:
-                choice = (LOOKUP, k_l, g_l, a)
-        source, k, _, alpha = choice
-        budget.add(lookup_method() if source == LOOKUP else self.model, alpha, k)
+                choice = (LOOKUP, k_l, g_l, first, rest)
+        source, k, _, alpha, rest = choice
+        budget.add(lookup_method() if source == LOOKUP else self.model, alpha, k, rest)
         return source, k
 
     def choose_step(self, token_ids: list[int], room: int, constraint, budget: StepBudget | None
@@ -401,12 +407,12 @@ class StepController:
         # the record counts the guess's tokens that were put to the test, not the whole guess: a guess verified
         # 2 tokens deep (or shadowed by a draft step that committed 2) says nothing of its 3rd..8th tokens, and
         # charging them as rejected kept lookup's α under 0.6 on summaries where nearly every guess held, so the plan
-        # kept verifying 1-2 tokens a step (docs/benchmarks/lookup-depth)
-        if source == LOOKUP:
-            tested, matched = num_draft, num_accepted
-        else:   # how the guess would have fared: its agreement with what the target committed
-            tested = min(len(guess), len(emitted))
-            matched = next((j for j, (g, e) in enumerate(zip(guess, emitted)) if g != e), tested)
+        # kept verifying 1-2 tokens a step (docs/benchmarks/lookup-depth). Its agreement with what the target
+        # committed, whichever proposer ran: a verified guess is tested one token past its verified ones too, by the
+        # bonus token (the chance a sampled one equals the guess is the chance it would have been accepted), so a
+        # guess verified 1 deep still says whether a copy goes on after its first token
+        tested = min(len(guess), len(emitted))
+        matched = next((j for j, (g, e) in enumerate(zip(guess, emitted)) if g != e), tested)
         self.observe(source, num_draft, num_accepted, n, tested, matched)
 
     def observe(self, source: str, num_draft: int, num_accepted: int, n: int = 0, lookup_len: int = 0,
@@ -416,13 +422,18 @@ class StepController:
         first `lookup_matched` of them held."""
         self.lookup_evaluated += 1
         if lookup_len:
-            rec = self.by_n.setdefault(self.bucket(n), [0.0, 0.0, 0.0])
+            rec = self.by_n.setdefault(self.bucket(n), [0.0, 0.0, 0.0, 0.0])
+            held = min(lookup_matched, lookup_len)
+            later = min(held + 1, lookup_len) - 1 if held else 0      # tested after the one before held
             # recent guesses count more: a request copies in stretches (an edited function, then new code)
-            rec[:] = [self.lookup_decay * rec[0] + 1, self.lookup_decay * rec[1] + lookup_len,
-                      self.lookup_decay * rec[2] + lookup_matched]
-            self.lookup_proposed += lookup_len
+            d = self.lookup_decay
+            rec[:] = [d * rec[0] + 1, d * rec[1] + (held > 0), d * rec[2] + later, d * rec[3] + max(held - 1, 0)]
+            # the pool's record of lookup (tokens per forward) counts what a verified guess put to the test, not its
+            # bonus token's agreement: a lookup step commits its accepted tokens and one more, whatever the guess said
+            verified = source == LOOKUP
+            self.lookup_proposed += num_draft if verified else lookup_len
             self.lookup_guesses += 1
-            self.lookup_matched += lookup_matched
+            self.lookup_matched += num_accepted if verified else lookup_matched
         self.made += 1 + num_accepted
         proposer = lookup_method() if source == LOOKUP else self.model
         self.spent += self.cost.V(1 + num_draft) + (proposal_cost(proposer, num_draft, self.cost) if num_draft else 0)

@@ -61,7 +61,7 @@ class Observation:
     forwards: int             # all decode-phase target forwards (steps without a draft included)
     tokens: int               # decode-phase tokens (after the first)
     net_speedup: float | None
-    by_n: dict = field(default_factory=dict)   # lookup: match length -> (proposals, proposed, accepted)
+    by_n: dict = field(default_factory=dict)   # lookup: match length -> StepController.by_n's record
     size: int = 0             # the request's prompt, size_class(prompt tokens)
 
 
@@ -159,12 +159,11 @@ class Pool:
     def lookup_prior(self, bucket: str, size: int | None = None) -> dict[int, tuple[float, float, float]]:
         """The window's prompt-lookup record per match length (this temperature bucket; with a size class, of the
         prompts nearest that size), the prior for the next request's step controller."""
-        total: dict[int, list[int]] = {}
+        total: dict[int, list[float]] = {}
         for o in self._matching(lookup_method(), bucket, size):
             for n, rec in o.by_n.items():
-                t = total.setdefault(n, [0, 0, 0])
-                for i in range(3):
-                    t[i] += rec[i]
+                t = total.setdefault(n, [0.0] * len(rec))
+                t[:] = [a + b for a, b in zip(t, rec)]
         return {n: tuple(t) for n, t in total.items()}
 
     def net_speedup(self) -> float | None:
