@@ -31,9 +31,9 @@ def expected_tokens(alpha: float, k: int, rest: float | None = None) -> float:
     1 + α·E(rest, k − 1) (a copied span: its first token is the bet, the ones after it mostly follow)."""
     if k <= 0:
         return 1.0
-    if rest is not None:
-        return 1.0 + min(max(alpha, 0.0), 1.0) * expected_tokens(rest, k - 1)
     alpha = min(max(alpha, 0.0), 1.0)
+    if rest is not None:
+        return 1.0 + alpha * expected_tokens(rest, k - 1)
     if alpha >= 1.0 - 1e-9:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)

@@ -281,7 +281,7 @@ class StepController:
     lookup_decay = 0.8                # per guess of the same match length: the record remembers ~5 guesses
 
     def __init__(self, method: str, k: int, alpha: float, cost: CostModel, cfg: PolicyConfig,
-                 lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[float, float, float]] | None = None,
+                 lookup_alpha: float = 0.3, lookup_prior: dict[int, tuple[float, float, float, float]] | None = None,
                  use_lookup: bool = True, guesser: Guesser | None = None, explore: bool = False,
                  fallback: tuple[str, float] | None = None, prompt_len: int = 0, max_tokens: int = 0):
         models = get_method(method).drafts_with_model

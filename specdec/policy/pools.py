@@ -156,7 +156,7 @@ class Pool:
                 return a * (0.85 ** max(0, here - order.index(other)))
         return None
 
-    def lookup_prior(self, bucket: str, size: int | None = None) -> dict[int, tuple[float, float, float]]:
+    def lookup_prior(self, bucket: str, size: int | None = None) -> dict[int, tuple[float, float, float, float]]:
         """The window's prompt-lookup record per match length (this temperature bucket; with a size class, of the
         prompts nearest that size), the prior for the next request's step controller."""
         total: dict[int, list[float]] = {}

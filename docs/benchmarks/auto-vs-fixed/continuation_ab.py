@@ -18,7 +18,13 @@ VARIANTS = ["none", "ngram", "auto-before", "auto-after"]
 
 class OneAlpha(pools.StepController):
     """The controller before: match length -> [guesses, tokens tested, tokens held], a verified guess tested as deep
-    as it was verified, and one effective α for all of a guess's tokens."""
+    as it was verified, and one effective α for all of a guess's tokens (docs/benchmarks/lookup-depth/ab.py builds its
+    arms on it). Before a bucket's first guess the prior stands for guesses as deep as the one offered; the run of
+    the README took 8 tokens there (the first guess of a match length in a pool's first requests)."""
+
+    def plan(self, n, lookup_len, budget=None):
+        self.offered = lookup_len
+        return super().plan(n, lookup_len, budget)
 
     def lookup_acceptance(self, n):
         b = self.bucket(n)
@@ -29,7 +35,7 @@ class OneAlpha(pools.StepController):
             scale = min(1.0, w / prior[0])
             pp, pd, pa = (x * scale for x in prior)
         else:
-            depth = max(1, round(own[1] / own[0])) if own[0] else 8
+            depth = max(1, round(own[1] / own[0])) if own[0] else self.offered
             pd = w * depth
             pp, pa = w, w * (expected_tokens(self.lookup_alpha, depth) - 1)
         props, proposed, accepted = own[0] + pp, own[1] + pd, own[2] + pa

@@ -16,50 +16,59 @@ from specdec.bench.datasets import load_prompts
 from specdec.bench.idle import wait_until_idle
 from specdec.bench.interleaved import interleave, ratio_table, request_figures, same_text, save, speed_tables
 from specdec.config import SpeculativeConfig
+from specdec.policy import pools
 from specdec.policy.cost_model import expected_tokens
-from specdec.policy.decide import LOOKUP, MODEL, StepController, effective_alpha
+from specdec.policy.decide import LOOKUP, MODEL, effective_alpha
+
+# "after": the controller as this page's change left it (one α a guess), kept by continuation_ab.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "auto-vs-fixed"))
+from continuation_ab import OneAlpha as After  # noqa: E402
 
 
-def _observe_step_before(self, num_draft, num_accepted, emitted):
-    source, n, guess = self._last
-    self._last = (MODEL, 0, [])
-    if source == LOOKUP:
-        matched = num_accepted
-    else:
-        matched = next((j for j, (g, e) in enumerate(zip(guess, emitted)) if g != e), min(len(guess), len(emitted)))
-    self.observe(source, num_draft, num_accepted, n, len(guess), matched)
+class Before(After):
+    """Every guess charged for all its tokens, whatever was put to the test."""
+
+    def observe_step(self, num_draft, num_accepted, emitted):
+        source, n, guess = self._last
+        self._last = (MODEL, 0, [])
+        if source == LOOKUP:
+            matched = num_accepted
+        else:
+            matched = next((j for j, (g, e) in enumerate(zip(guess, emitted)) if g != e),
+                           min(len(guess), len(emitted)))
+        self.observe(source, num_draft, num_accepted, n, len(guess), matched)
+
+    def lookup_acceptance(self, n):
+        b = self.bucket(n)
+        own = self.by_n.get(b, [0, 0, 0])
+        prior = self.lookup_prior.get(b)
+        w = self.lookup_prior_weight
+        if prior and prior[0]:
+            scale = min(1.0, w / prior[0])
+            pp, pd, pa = (x * scale for x in prior)
+        else:
+            pd = w * self.offered
+            pp, pa = w, w * (expected_tokens(self.lookup_alpha, self.offered) - 1)
+        props, proposed, accepted = own[0] + pp, own[1] + pd, own[2] + pa
+        return effective_alpha(1 + accepted / props, max(1, round(proposed / props))), None
 
 
-def _lookup_alpha_before(self, n, length):
-    b = self.bucket(n)
-    own = self.by_n.get(b, [0, 0, 0])
-    prior = self.lookup_prior.get(b)
-    w = self.lookup_prior_weight
-    if prior and prior[0]:
-        scale = min(1.0, w / prior[0])
-        pp, pd, pa = (x * scale for x in prior)
-    else:
-        pd = w * length
-        pp, pa = w, w * (expected_tokens(self.lookup_alpha, length) - 1)
-    props, proposed, accepted = own[0] + pp, own[1] + pd, own[2] + pa
-    return effective_alpha(1 + accepted / props, max(1, round(proposed / props)))
-
-
-AFTER = (StepController.observe_step, StepController.lookup_alpha_for)
-BEFORE = (_observe_step_before, _lookup_alpha_before)
 VARIANTS = ["none", "ngram", "draft", "auto-before", "auto-after"]
 
 
 def run(llm, ids, variant, params, salt="warm"):
+    shipped = pools.StepController
     if variant.startswith("auto"):
-        StepController.observe_step, StepController.lookup_alpha_for = BEFORE if variant == "auto-before" else AFTER
+        pools.StepController = Before if variant == "auto-before" else After
         spec, pool = SpeculativeConfig(method="auto"), variant
     else:
         spec = SpeculativeConfig(method=variant, num_speculative_tokens=4 if variant != "none" else None)
         pool = "default"
     wait_until_idle()
-    out = llm.generate(ids, params, spec=spec, pool=pool, cache_salt=f"{variant}-{salt}")[0]
-    StepController.observe_step, StepController.lookup_alpha_for = AFTER
+    try:
+        out = llm.generate(ids, params, spec=spec, pool=pool, cache_salt=f"{variant}-{salt}")[0]
+    finally:
+        pools.StepController = shipped
     return request_figures(out)
 
 

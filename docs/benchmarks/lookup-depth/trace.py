@@ -1,6 +1,7 @@
 """auto's per-step choices on built-in prompts of some categories, one fresh `LLM`: every plan of the step controller
-(proposer, k, the lookup match length n and guess length L, each side's α and expected gain alone in a step) and
-how it fared (tokens verified, accepted, and how many of the guess held).
+(proposer, k, the lookup match length n and guess length L, each side's α -- a guess's first token's, and its later
+tokens' -- and expected gain alone in a step) and how it fared (tokens verified, accepted, and how many of the guess
+held).
 
     python docs/benchmarks/lookup-depth/trace.py CATEGORIES [METHODS] [ROUNDS] [-v]
     python docs/benchmarks/lookup-depth/trace.py summarize ngram,draft,auto 1 -v
@@ -23,14 +24,15 @@ _plan, _observe = StepController.plan, StepController.observe
 def plan(self, n, lookup_len, budget=None):
     alone = StepBudget(self.cost)
     kd, gd = alone.best(self.model, self.alpha, self.k) if self.k else (0, 1.0)
-    a = kl = gl = None
+    a = rest = kl = gl = None
     if lookup_len and self.use_lookup:
-        a = self.lookup_alpha_for(n, lookup_len)
-        kl, gl = alone.best(lookup_method(), a, lookup_len)
+        a, rest = self.lookup_acceptance(n)
+        kl, gl = alone.best(lookup_method(), a, lookup_len, rest)
     source, k = _plan(self, n, lookup_len, budget)
     LOG.append({"t_ms": round(time.perf_counter() * 1000, 1), "src": source, "k": k, "n": n, "L": lookup_len,
                 "alpha_d": round(self.alpha, 3), "kd": kd, "gd": round(gd, 3),
-                "alpha_l": a if a is None else round(a, 3), "kl": kl, "gl": gl if gl is None else round(gl, 3)})
+                "alpha_l": a if a is None else round(a, 3), "rest_l": rest if rest is None else round(rest, 3),
+                "kl": kl, "gl": gl if gl is None else round(gl, 3)})
     return source, k
 
 
