@@ -13,16 +13,15 @@ from pathlib import Path
 
 from specdec import LLM, SamplingParams
 from specdec.bench.datasets import load_prompts
-from specdec.bench.idle import wait_until_idle
-from specdec.bench.interleaved import interleave, ratio_table, request_figures, same_text, save, speed_tables
+from specdec.bench.interleaved import interleave, ratio_table, same_text, save, speed_tables
 from specdec.config import SpeculativeConfig
-from specdec.policy import pools
 from specdec.policy.cost_model import expected_tokens
 from specdec.policy.decide import LOOKUP, MODEL, effective_alpha
 
 # "after": the controller as this page's change left it (one α a guess), kept by continuation_ab.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "auto-vs-fixed"))
 from continuation_ab import OneAlpha as After  # noqa: E402
+from policy_ab import request  # noqa: E402
 
 
 class Before(After):
@@ -56,20 +55,11 @@ class Before(After):
 VARIANTS = ["none", "ngram", "draft", "auto-before", "auto-after"]
 
 
+ARMS = {"auto-before": Before, "auto-after": After}
+
+
 def run(llm, ids, variant, params, salt="warm"):
-    shipped = pools.StepController
-    if variant.startswith("auto"):
-        pools.StepController = Before if variant == "auto-before" else After
-        spec, pool = SpeculativeConfig(method="auto"), variant
-    else:
-        spec = SpeculativeConfig(method=variant, num_speculative_tokens=4 if variant != "none" else None)
-        pool = "default"
-    wait_until_idle()
-    try:
-        out = llm.generate(ids, params, spec=spec, pool=pool, cache_salt=f"{variant}-{salt}")[0]
-    finally:
-        pools.StepController = shipped
-    return request_figures(out)
+    return request(llm, ids, variant, params, salt, ARMS.get(variant))
 
 
 def main(out_dir: str, rounds: int, source: str) -> None:
