@@ -663,7 +663,7 @@ def test_bench_heads_times_each_head_per_scheme(tiny_dirs, heads):
     llm = LLM(target=str(tiny_dirs["target"]), dtype="bfloat16", device="cpu", progress=False,
               speculative=SpeculativeConfig(method="none"))
     r = measure(llm, {"eagle3": str(heads["dir"] / "e3"), "medusa": str(heads["dir"] / "med")}, ["none", "int8"],
-                context=16, rounds=1, repeats=1)
+                context=16, rounds=1, repeats=3)   # a proposal stalled once on a noisy VM: the best of 3
     assert set(r["heads"]) == {(m, q) for m in ("eagle3", "medusa") for q in ("none", "int8")}
     assert r["target_s"] > 0 and all(first > 0 for first, _ in r["heads"].values())
     # an EAGLE-3 head runs again for each further token; Medusa's heads all ran in the first
