@@ -122,7 +122,8 @@ def test_portable_kernel_equals_avx512(fmt):
 @pytest.mark.skipif(not ext.has_amx(), reason="this CPU (or its Linux) does not run AMX-INT8 tiles")
 @pytest.mark.parametrize("fmt", WIDE)
 def test_amx_kernel_equals_avx512(fmt):
-    """The AMX kernel gives the VNNI kernel's bits: every row tail (1..33 rows: one or two 16-row tiles, partial), a
+    """The AMX kernel gives the VNNI kernel's bits: every row tail (1..33 rows: one or two 16-row tiles, partial; up to
+    100: blocks of 32 rows whose epilogues run while the next block's products do, a partial block last), a
     superblock whose last 64-k chunk is partial (k = 864: 27 groups of 32), bf16 input (whose bf16 rows the AMX
     kernel rounds itself, down to bf16's subnormal range), and the extreme products (every activation at +-127
     against the extreme codes and group scales: q' = sc * q at the ends of int16)."""
@@ -131,8 +132,8 @@ def test_amx_kernel_equals_avx512(fmt):
             continue
         codes = _random_codes(*fmt, k=k)
         lin = BlockQuantLinear(pack(codes), torch.randn(80))
-        x = torch.randn(40, k, generator=torch.Generator().manual_seed(2))
-        for m in list(range(1, 18)) + [31, 32, 33, 40]:
+        x = torch.randn(100, k, generator=torch.Generator().manual_seed(2))
+        for m in list(range(1, 18)) + [31, 32, 33, 40, 64, 65, 81, 100]:
             assert torch.equal(_run(lin, x[:m], "amx"), _run(lin, x[:m], "avx512")), (k, m)
         for scale in (1.0, 1e-35):
             xb = (x * scale).bfloat16()
