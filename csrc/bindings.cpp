@@ -2,6 +2,7 @@
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <torch/extension.h>
 
 #include "ops.h"
@@ -113,7 +114,12 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
     // sums a bf16 output is rounded from
     const int64_t a8_bytes = aligned64(m * k + 64), asum_bytes = aligned64(m * stride * 2), ascale_bytes = aligned64(m * ns * 4);
     const int64_t sums_bytes = bf16_in && !direct_bf16 ? m * n * 4 : 0;
-    char* scratch = static_cast<char*>(t_scratch.get(size_t(a8_bytes + asum_bytes + ascale_bytes + sums_bytes)));
+    // the AMX kernel's tiles read the codes in chunks of 64 k (QAct::a_chunks), where a superblock spans whole chunks
+    const int64_t nchunks = (k + 63) / 64;
+    const bool chunked = use_amx && (sb * group) % 64 == 0;
+    const int64_t chunks_bytes = chunked ? aligned64(nchunks * m * 64) : 0;
+    char* scratch = static_cast<char*>(t_scratch.get(size_t(a8_bytes + asum_bytes + ascale_bytes + sums_bytes +
+                                                            chunks_bytes)));
     {
         pybind11::gil_scoped_release no_gil;
         const void* xp = xf.data_ptr();
@@ -137,6 +143,16 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& qw, const tor
                 run(static_cast<const float*>(xp));
         });
         QAct xa{ap, sp, cp, m, stride};
+        if (chunked) {
+            int8_t* chunks = reinterpret_cast<int8_t*>(scratch + a8_bytes + asum_bytes + ascale_bytes + sums_bytes);
+            // a row's last chunk reads on into the next row (the last row's into the slack): the kernel multiplies
+            // those bytes by zero codes
+            at::parallel_for(0, nchunks, 8, [&](int64_t q0, int64_t q1) {
+                for (int64_t q = q0; q < q1; ++q)
+                    for (int64_t r = 0; r < m; ++r) std::memcpy(chunks + (q * m + r) * 64, ap + r * k + q * 64, 64);
+            });
+            xa.a_chunks = chunks;
+        }
         const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
         float* op = direct_bf16 ? nullptr : bf16_in ? sums : out.data_ptr<float>();
         uint16_t* obp = direct_bf16 ? reinterpret_cast<uint16_t*>(out_bf16.data_ptr<c10::BFloat16>()) : nullptr;

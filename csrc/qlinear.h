@@ -47,6 +47,10 @@ struct QAct {
     const float* ascale;    // [m, NS]
     int64_t m;
     int64_t asum_stride;    // NG rounded up to even, so two neighbouring groups load as one int32
+    // The same codes in chunks of 64 k, every row's chunk q together ([ceil(k / 64)][m][64]): a tile of 16 rows x
+    // 64 k is then 1 KB in one run, not 16 lines k bytes apart (pages apart for a wide k). Set for the AMX kernel
+    // where a superblock spans a multiple of 64 k; nullptr elsewhere.
+    const int8_t* a_chunks = nullptr;
 };
 
 inline int64_t asum_stride(int64_t k, int group) { return (k / group + 1) / 2 * 2; }

@@ -157,7 +157,12 @@ SPECDEC_AMX void kernel(const QWeight& w, const QAct& x, const float* bias, floa
                 const uint16_t* dm = w.dm + (cb * ns + s) * 32;
                 const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)dm));
                 const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + 16)));
+                // a tile of rows [r0, r0 + 16) x 64 k from chunk c of this superblock: from the chunked copy where
+                // there is one (1 KB in one run), else from the rows, K bytes apart
                 const int8_t* a = x.a + g0 * GROUP;
+                const int8_t* ach = x.a_chunks ? x.a_chunks + (g0 * GROUP / 64) * M * 64 : nullptr;
+                auto a_tile = [&](int64_t r, int64_t c) { return ach ? ach + (c * M + r) * 64 : a + r * K + c * 64; };
+                const int64_t a_stride = ach ? 64 : K;
                 for (int64_t r0 = 0; r0 < M; r0 += 32) {   // 32 rows per load of the codes: two row tiles
                     const int rows0 = int(std::min<int64_t>(16, M - r0)), rows1 = int(std::min<int64_t>(16, std::max<int64_t>(0, M - r0 - 16)));
                     if (rows0 * 32 + rows1 != configured) configure(rows0, rows1), configured = rows0 * 32 + rows1;
@@ -167,17 +172,20 @@ SPECDEC_AMX void kernel(const QWeight& w, const QAct& x, const float* bias, floa
                         _tile_zero(6);
                         _tile_zero(7);
                     }
+                    // The low plane's products first, then the high plane's: a tile register is reloaded only after
+                    // the products that read it, so in this order the next chunk's low plane and rows load while
+                    // this chunk's high-plane products run, and the tile unit does not wait on every load
                     for (int64_t c = 0; c < chunks; ++c) {
                         _tile_loadd(1, lo + c * 1024, 64);
-                        _tile_loadd(2, hi + c * 1024, 64);
-                        _tile_loadd(0, a + r0 * K + c * 64, K);
+                        _tile_loadd(0, a_tile(r0, c), a_stride);
                         _tile_dpbsud(3, 0, 1);
-                        _tile_dpbssd(4, 0, 2);
                         if (rows1) {
-                            _tile_loadd(5, a + (r0 + 16) * K + c * 64, K);
+                            _tile_loadd(5, a_tile(r0 + 16, c), a_stride);
                             _tile_dpbsud(6, 5, 1);
-                            _tile_dpbssd(7, 5, 2);
                         }
+                        _tile_loadd(2, hi + c * 1024, 64);
+                        _tile_dpbssd(4, 0, 2);
+                        if (rows1) _tile_dpbssd(7, 5, 2);
                     }
                     _tile_stored(3, C[0], 64);
                     _tile_stored(4, C[1], 64);
