@@ -27,6 +27,12 @@ class OneAlpha(pools.StepController):
         return super().plan(n, lookup_len, budget)
 
     def lookup_acceptance(self, n):
+        own = self.by_n.get(self.bucket(n), [0, 0, 0])
+        return self.one_alpha(n, max(1, round(own[1] / own[0])) if own[0] else self.offered)
+
+    def one_alpha(self, n, depth):
+        """One α for a match length's guesses: its own record with the pool's prior (2 guesses' worth), or, before
+        the prior has any, the prior α's guesses `depth` tokens deep."""
         b = self.bucket(n)
         own = self.by_n.get(b, [0, 0, 0])
         prior = self.lookup_prior.get(b)
@@ -35,7 +41,6 @@ class OneAlpha(pools.StepController):
             scale = min(1.0, w / prior[0])
             pp, pd, pa = (x * scale for x in prior)
         else:
-            depth = max(1, round(own[1] / own[0])) if own[0] else self.offered
             pd = w * depth
             pp, pa = w, w * (expected_tokens(self.lookup_alpha, depth) - 1)
         props, proposed, accepted = own[0] + pp, own[1] + pd, own[2] + pa

@@ -15,8 +15,7 @@ from specdec import LLM, SamplingParams
 from specdec.bench.datasets import load_prompts
 from specdec.bench.interleaved import interleave, ratio_table, same_text, save, speed_tables
 from specdec.config import SpeculativeConfig
-from specdec.policy.cost_model import expected_tokens
-from specdec.policy.decide import LOOKUP, MODEL, effective_alpha
+from specdec.policy.decide import LOOKUP, MODEL
 
 # "after": the controller as this page's change left it (one α a guess), kept by continuation_ab.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "auto-vs-fixed"))
@@ -38,18 +37,7 @@ class Before(After):
         self.observe(source, num_draft, num_accepted, n, len(guess), matched)
 
     def lookup_acceptance(self, n):
-        b = self.bucket(n)
-        own = self.by_n.get(b, [0, 0, 0])
-        prior = self.lookup_prior.get(b)
-        w = self.lookup_prior_weight
-        if prior and prior[0]:
-            scale = min(1.0, w / prior[0])
-            pp, pd, pa = (x * scale for x in prior)
-        else:
-            pd = w * self.offered
-            pp, pa = w, w * (expected_tokens(self.lookup_alpha, self.offered) - 1)
-        props, proposed, accepted = own[0] + pp, own[1] + pd, own[2] + pa
-        return effective_alpha(1 + accepted / props, max(1, round(proposed / props))), None
+        return self.one_alpha(n, self.offered)      # before any prior: as deep as the guess offered
 
 
 VARIANTS = ["none", "ngram", "draft", "auto-before", "auto-after"]
