@@ -158,11 +158,10 @@ SPECDEC_AMX void kernel(const QWeight& w, const QAct& x, const float* bias, floa
                 const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)dm));
                 const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + 16)));
                 // a tile of rows [r0, r0 + 16) x 64 k from chunk c of this superblock: from the chunked copy where
-                // there is one (1 KB in one run), else from the rows, K bytes apart
-                const int8_t* a = x.a + g0 * GROUP;
-                const int8_t* ach = x.a_chunks ? x.a_chunks + (g0 * GROUP / 64) * M * 64 : nullptr;
-                auto a_tile = [&](int64_t r, int64_t c) { return ach ? ach + (c * M + r) * 64 : a + r * K + c * 64; };
-                const int64_t a_stride = ach ? 64 : K;
+                // there is one (rows 64 bytes apart, 1 KB in one run), else from the rows, K bytes apart
+                const int8_t* a = x.a_chunks ? x.a_chunks + (g0 * GROUP / 64) * M * 64 : x.a + g0 * GROUP;
+                const int64_t a_stride = x.a_chunks ? 64 : K, chunk_stride = x.a_chunks ? M * 64 : 64;
+                auto a_tile = [&](int64_t r, int64_t c) { return a + r * a_stride + c * chunk_stride; };
                 for (int64_t r0 = 0; r0 < M; r0 += 32) {   // 32 rows per load of the codes: two row tiles
                     const int rows0 = int(std::min<int64_t>(16, M - r0)), rows1 = int(std::min<int64_t>(16, std::max<int64_t>(0, M - r0 - 16)));
                     if (rows0 * 32 + rows1 != configured) configure(rows0, rows1), configured = rows0 * 32 + rows1;

@@ -123,7 +123,7 @@ def test_portable_kernel_equals_avx512(fmt):
 @pytest.mark.parametrize("fmt", WIDE)
 def test_amx_kernel_equals_avx512(fmt):
     """The AMX kernel gives the VNNI kernel's bits: every row tail (1..33 rows: one or two 16-row tiles, partial; up to
-    100: blocks of 32 rows whose epilogues run while the next block's products do, a partial block last), a
+    100: several blocks of 32 rows read from the codes' 64-k chunks, a partial block last), a
     superblock whose last 64-k chunk is partial (k = 864: 27 groups of 32), bf16 input (whose bf16 rows the AMX
     kernel rounds itself, down to bf16's subnormal range), and the extreme products (every activation at +-127
     against the extreme codes and group scales: q' = sc * q at the ends of int16)."""
