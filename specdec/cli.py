@@ -77,6 +77,7 @@ def _csv(value: str, kind, flag: str) -> list:
 def cmd_bench_offline(args) -> int:
     from .bench.offline import OfflineBenchConfig, run_offline
     from .bench.report import recommend
+    from .engine_args import p_min_of
 
     cfg = OfflineBenchConfig(
         prompts=args.prompts, categories=_csv(args.categories, str, "--categories") if args.categories else None,
@@ -86,7 +87,7 @@ def cmd_bench_offline(args) -> int:
         target=args.target, draft=args.draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
         draft_quantization=args.draft_quantization, draft_vocab_size=args.draft_vocab_size,
-        draft_mlp_bits=args.draft_mlp_bits,
+        draft_mlp_bits=args.draft_mlp_bits, **p_min_of(args),
         quantization=args.quantization, head_quantization=args.head_quantization, progress=not args.no_progress,
         heads={m: getattr(args, f"{m}_head") for m in head_methods() if getattr(args, f"{m}_head")},
         eagle_topk=args.eagle_topk, num_steps=args.num_steps,

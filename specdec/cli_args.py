@@ -58,6 +58,9 @@ def add_proposer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-mlp-bits", type=int, default=None, choices=list(DRAFT_MLP_BITS),
                    help="the int4 draft model's MLP linears at 3 or 4 bits (re-quantized: fewer bytes a draft step, "
                         "some acceptance; docs/benchmarks/draft-bits). Default: 4")
+    p.add_argument("--draft-p-min", type=float, default=None, metavar="P",
+                   help="the draft model's chain stops after a token it gives less than P (llama.cpp's flag; "
+                        "docs/benchmarks/draft-confidence). Default: 0.75; 0: chains of k")
 
 
 class Parser(argparse.ArgumentParser):

@@ -11,6 +11,7 @@ __all__ = ["AUTO", "K_MAX", "K_MIN", "PLAIN", "QUANTIZATIONS", "SpeculativeConfi
 
 QUANTIZATIONS = ("none", "int8", "int4")   # --quantization (target) and the draft's `quantization`
 DRAFT_MLP_BITS = (3, 4)                    # the draft's `draft_mlp_bits` (its int4 MLP linears)
+DEFAULT_DRAFT_P_MIN = 0.75                 # llama.cpp's default for --draft-p-min
 
 
 @dataclass
@@ -38,6 +39,10 @@ class SpeculativeConfig:
     # the draft model's MLP linears (gate/up, down: ~80% of its bytes a step) at 3 bits instead of 4 where its
     # weights are int4: re-quantized with a searched range per group (docs/benchmarks/draft-bits); None = the default
     draft_mlp_bits: int | None = None
+    # the draft model's chain stops after a token it gave less than this probability (llama.cpp's --draft-p-min; 0:
+    # off): the chain runs on where the draft is sure and stops where it guesses, a draft length chosen per step
+    # (docs/benchmarks/draft-confidence). The unsure token itself is verified: its row costs less than it keeps
+    draft_p_min: float = DEFAULT_DRAFT_P_MIN
 
     def __post_init__(self):
         method = get_method(self.method)
@@ -61,6 +66,10 @@ class SpeculativeConfig:
                                                 or self.draft_mlp_bits not in DRAFT_MLP_BITS):
             raise ValueError(f"draft_mlp_bits must be one of {', '.join(map(str, DRAFT_MLP_BITS))}, "
                              f"got {self.draft_mlp_bits!r}")
+        if isinstance(self.draft_p_min, bool) or not isinstance(self.draft_p_min, (int, float)) \
+                or not 0.0 <= self.draft_p_min < 1.0:
+            raise ValueError(f"draft_p_min must be a probability in [0, 1) (0: off), got {self.draft_p_min!r}")
+        self.draft_p_min = float(self.draft_p_min)
         if not 1 <= self.eagle_topk <= 16:
             raise ValueError(f"eagle_topk must be in 1..16, got {self.eagle_topk}")
         if self.eagle_topk > 1 and not method.tree:

@@ -21,7 +21,7 @@ from .utils import parse_json_object
 DTYPES = ("bfloat16", "float32", "float16")
 # vLLM's `--speculative-config` JSON keys
 SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "quantization",
-             "eagle_topk", "num_steps", "draft_vocab_size", "draft_mlp_bits")
+             "eagle_topk", "num_steps", "draft_vocab_size", "draft_mlp_bits", "draft_p_min")
 
 
 @dataclass
@@ -97,7 +97,7 @@ class EngineArgs:
                                          prompt_lookup_min=args.prompt_lookup_min,
                                          quantization=args.draft_quantization, eagle_topk=args.eagle_topk,
                                          num_steps=args.num_steps, draft_vocab_size=args.draft_vocab_size,
-                                         draft_mlp_bits=args.draft_mlp_bits)
+                                         draft_mlp_bits=args.draft_mlp_bits, **p_min_of(args))
             except ValueError as exc:
                 raise SpecDecError(str(exc)) from None
             draft, heads, policy, scheduler = args.draft, None, None, SchedulerConfig()
@@ -109,6 +109,11 @@ class EngineArgs:
                        suffix_cache=getattr(args, "suffix_cache", None))
         except ValueError as exc:
             raise SpecDecError(str(exc)) from None
+
+
+def p_min_of(args) -> dict:
+    """--draft-p-min as a SpeculativeConfig keyword, where it was given (left out: the config's default)."""
+    return {} if getattr(args, "draft_p_min", None) is None else {"draft_p_min": args.draft_p_min}
 
 
 def parse_speculative_config(text: str | None) -> SpeculativeConfig:

@@ -21,8 +21,10 @@ def _engine(target, draft=None, **sched):
                      SchedulerConfig(**sched) if sched else None))
 
 
-def _spec(method="none", k=None):
-    return SpeculativeConfig(method, k)
+def _spec(method="none", k=None, p_min=0.0):
+    """A chain of k: the tiny random draft gives no token 0.75 (the default draft_p_min would end every chain after
+    its first token), so these tests ask for chains of the k they name unless they test p_min."""
+    return SpeculativeConfig(method, k, draft_p_min=p_min)
 
 
 def run(engine, ids, params, spec=None, request_id="r", on_step=None):
@@ -90,6 +92,40 @@ def test_greedy_parity_of_the_draft_and_lookup_at_each_k(tiny_models, k):
     out = run(_engine(target, target), ids, _greedy(), _spec("draft", k))
     assert out.stats.acceptance_rate == 1.0
     assert out.stats.mean_accepted_length == pytest.approx(1 + k, abs=0.5)
+
+
+def test_draft_p_min_ends_a_chain_after_an_unsure_token(tiny_models):
+    """draft_p_min (llama.cpp's --draft-p-min): the draft model's chain stops after a token it gave less than p_min.
+    The target drafting for itself is always right, so the chain's length is the rule's alone: every chain one token
+    long where no token is that sure, k long where every token is; the output is plain decoding's either way."""
+    target, _ = tiny_models
+    ids = _ids(target)
+    base = run(_engine(target), ids, _greedy())
+    lengths = {}
+    for p_min in (0.999, 1e-6):
+        out = run(_engine(target, target), ids, _greedy(), _spec("draft", 4, p_min))
+        assert out.token_ids == base.token_ids, p_min
+        s = out.stats
+        assert s.acceptance_rate == 1.0 and s.draft_steps > 0
+        lengths[p_min] = s.draft_tokens / s.draft_steps
+    assert lengths[0.999] == 1.0 and lengths[1e-6] > 3.5      # (the last steps' room is under 4)
+    # a sampled request stops by its own q: the draws differ from plain decoding's, its chains stay short
+    out = run(_engine(target, target), ids, SamplingParams(max_tokens=40, temperature=1.0, seed=3, ignore_eos=True),
+              _spec("draft", 4, 0.999))
+    assert out.stats.draft_tokens == out.stats.draft_steps > 0
+
+
+def test_unsure_reads_the_drafts_own_distribution():
+    from specdec.proposers.draft_model import unsure
+
+    class Ctx:
+        p_min = 0.5
+    sure, flat = torch.tensor([[4.0, 0.0, 0.0]]), torch.zeros(1, 3)
+    assert not unsure(sure, Ctx, []) and unsure(flat, Ctx, [])           # greedy: the softmax of the logits
+    assert unsure(sure, Ctx, [torch.tensor([0.4, 0.3, 0.3])])            # sampled: the q the token was drawn from
+    assert not unsure(flat, Ctx, [torch.tensor([0.6, 0.2, 0.2])])
+    Ctx.p_min = 0.0
+    assert not unsure(flat, Ctx, [])                                     # off
 
 
 def _continuation(target, n=30):

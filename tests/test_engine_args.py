@@ -63,6 +63,21 @@ def test_from_generate_flags():
         EngineArgs.from_cli_args(bad)
 
 
+def test_draft_p_min_from_each_command():
+    """llama.cpp's --draft-p-min: generate's flag, serve's --speculative-config key; left out, the default."""
+    assert EngineArgs.from_cli_args(_serve()).speculative.draft_p_min == 0.75
+    assert EngineArgs.from_cli_args(_serve("--speculative-config", '{"method": "draft", "draft_p_min": 0.5}')
+                                    ).speculative.draft_p_min == 0.5
+    gen = build_parser().parse_args(["generate", "hi", "--method", "draft", "--draft-p-min", "0"])
+    assert EngineArgs.from_cli_args(gen).speculative.draft_p_min == 0.0
+    for bad in ("1", "-0.1"):
+        ns = build_parser().parse_args(["generate", "hi", "--method", "draft", "--draft-p-min", bad])
+        with pytest.raises(SpecDecError, match="draft_p_min must be a probability in"):
+            EngineArgs.from_cli_args(ns)
+    with pytest.raises(SpecDecError, match="draft_p_min must be a probability in"):
+        EngineArgs.from_cli_args(_serve("--speculative-config", '{"draft_p_min": "high"}'))
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"dtype": "int3"}, "unknown dtype 'int3'"),
     ({"quantization": "int2"}, "unknown quantization 'int2'"),

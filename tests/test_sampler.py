@@ -105,6 +105,60 @@ def test_exact_under_logits_processing(processing):
         assert (m[seqs[:, i]] > 0).all()
 
 
+def _run_stopped(L, Q, k, seed, params, length):
+    """_run with chains of their own lengths: k tokens drawn from Q, then length(prev, drafts) -> [B] how many of
+    them each sequence's chain keeps (its stopping rule), verified by verify_ragged as the engine verifies them."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = torch.full((N, POSITIONS), PAD, dtype=torch.long)
+    filled = torch.zeros(N, dtype=torch.long)
+    last = torch.zeros(N, dtype=torch.long)
+    while (filled < POSITIONS).any():
+        active = (filled < POSITIONS).nonzero().squeeze(-1)
+        prev = last[active]
+        drafts = []
+        for _ in range(k):
+            drafts.append(torch.multinomial(Q[prev if not drafts else drafts[-1]], 1, generator=g).squeeze(-1))
+        x = torch.stack(drafts, 1)                                           # [B, k]
+        before = torch.cat([prev[:, None], x[:, :-1]], 1)                    # each draft token's previous token
+        n = length(before, x)
+        results = verify_ragged([L[torch.cat([prev[i:i + 1], x[i, :n[i]]])] for i in range(len(active))],
+                                [x[i, :n[i]] for i in range(len(active))],
+                                [Q[before[i, :n[i]]] for i in range(len(active))],
+                                [params] * len(active), [g] * len(active))
+        for i, (_, toks) in enumerate(results):
+            row = int(active[i])
+            for t in toks:
+                if filled[row] < POSITIONS:
+                    seqs[row, filled[row]] = t
+                    filled[row] += 1
+            last[row] = toks[-1]
+    return seqs
+
+
+def test_a_chain_that_stops_after_an_unsure_token_stays_exact():
+    """The draft model's draft_p_min: a chain ends after a token whose q_draft gave its likeliest token less than
+    p_min (here the median row's, so chains of every length occur). The rule reads the draft alone, so the emitted
+    tokens still follow the target; a rule that reads the target (dropping the tokens it gives less than the draft
+    does) biases them, and the same bound catches it."""
+    L, P, Q, params = _tables(seed=12)
+    k = 3
+    p_min = Q.max(-1).values.median()
+
+    def unsure_stops(before, x):
+        unsure = Q[before].max(-1).values < p_min                            # [B, k]: stop after this token
+        first = torch.where(unsure.any(1), unsure.int().argmax(1) + 1, torch.full((len(x),), k))
+        return first
+
+    seqs = _run_stopped(L, Q, k, 21, params, unsure_stops)
+    assert all(tv < TV_BOUND for tv in _tv(seqs, P))
+
+    def peeks_at_target(before, x):
+        worse = P[before, x] < Q[before, x]                                  # the target would rather not: drop it
+        return torch.where(worse.any(1), worse.int().argmax(1), torch.full((len(x),), k))
+
+    assert max(_tv(_run_stopped(L, Q, k, 21, params, peeks_at_target), P)) > TV_BOUND
+
+
 def test_ngram_one_hot_draft_is_exact():
     # a deterministic proposer: q is one-hot on the proposed token (here drawn from Q, passed as None)
     L, P, Q, params = _tables(seed=3)

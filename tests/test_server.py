@@ -112,10 +112,12 @@ def test_per_request_speculative_override(client):
     a = _chat(client, "def add(a, b):", max_tokens=30, extra_body={"speculative": {"method": "none"}})
     b = _chat(client, "def add(a, b):", max_tokens=30, extra_body={"speculative": {"num_speculative_tokens": 2}})
     c = _chat(client, "def add(a, b):", max_tokens=30, extra_body={"speculative": {"method": "ngram"}})
+    d = _chat(client, "def add(a, b):", max_tokens=30, extra_body={"speculative": {"draft_p_min": 0.0}})
     assert a.model_extra["speculative"]["method"] == "none"
     assert b.model_extra["speculative"]["num_speculative_tokens"] == 2
     assert c.model_extra["speculative"]["method"] == "ngram"
-    assert a.choices[0].message.content == b.choices[0].message.content == c.choices[0].message.content
+    assert a.choices[0].message.content == b.choices[0].message.content == c.choices[0].message.content \
+        == d.choices[0].message.content
 
 
 def _post(url, body, path="/v1/chat/completions", headers=None):
@@ -143,6 +145,7 @@ MSG = [{"role": "user", "content": "hi"}]
     ({"messages": MSG, "speculative": {"num_speculative_tokens": 0}}, "speculative.num_speculative_tokens"),
     ({"messages": MSG, "speculative": {"method": "ngram", "eagle_topk": 2}}, "speculative"),   # trees need a head
     ({"messages": MSG, "speculative": {"eagle_topk": 0}}, "speculative.eagle_topk"),
+    ({"messages": MSG, "speculative": {"draft_p_min": 1.0}}, "speculative.draft_p_min"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
 ])
 def test_bad_requests_are_400_with_openai_shape(server, body, param):

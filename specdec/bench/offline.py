@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import AUTO, K_MAX, K_MIN, PLAIN, SpeculativeConfig
+from ..config import AUTO, DEFAULT_DRAFT_P_MIN, K_MAX, K_MIN, PLAIN, SpeculativeConfig
 from ..errors import SpecDecError
 from ..metrics.stats import peak_rss_mb
 from ..proposers.registry import draft_model_method, get_method, lookup_method, method_names, tree_methods
@@ -68,6 +68,7 @@ class OfflineBenchConfig:
     draft_quantization: str | None = None
     draft_vocab_size: int | None = None     # the draft's output head rows (None: the default; 0: the whole head)
     draft_mlp_bits: int | None = None       # the int4 draft's MLP linears: 3 or 4 bits (None: the default)
+    draft_p_min: float = DEFAULT_DRAFT_P_MIN    # the draft model's chain stops after a token it is less sure of
     head_quantization: str | None = None     # learned heads' linears (None: models.heads.default_head_quantization)
     quantization: str | None = None         # the target's weights (--quantization)
     progress: bool = True
@@ -97,6 +98,8 @@ class OfflineBenchConfig:
             raise SpecDecError(f"--temperature values must be >= 0, got {self.temperatures}")
         if self.max_tokens < 1 or self.repeats < 1:
             raise SpecDecError("--max-tokens and --repeats must be >= 1")
+        if not 0.0 <= self.draft_p_min < 1.0:
+            raise SpecDecError(f"--draft-p-min must be in [0, 1) (0: off), got {self.draft_p_min}")
 
     def configs(self) -> list[tuple[str, int]]:
         """(method, k) pairs; `auto` runs once (k = 0 here: the policy picks k per request, up to max(ks)); a tree
@@ -114,7 +117,8 @@ class OfflineBenchConfig:
                                  num_speculative_tokens=k or (max(self.ks) if policy else None),
                                  prompt_lookup_max=self.prompt_lookup_max, prompt_lookup_min=self.prompt_lookup_min,
                                  eagle_topk=self.eagle_topk if tree else 1,
-                                 num_steps=min(self.num_steps or 4, k) if tree else None)
+                                 num_steps=min(self.num_steps or 4, k) if tree else None,
+                                 draft_p_min=self.draft_p_min)
 
 
 def machine_info(threads: int) -> dict:

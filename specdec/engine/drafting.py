@@ -219,5 +219,5 @@ class Drafting:
         rows = functools.partial(self.row_cost, context=len(seq.token_ids)) if self.row_cost is not None else None
         return ProposalContext(seq.seq_id, seq.token_ids, seq.params, seq.generator, seq.constraint, sp.topk,
                                min(sp.depth, k), rows, sp.prompt_lookup_max, sp.prompt_lookup_min, seq.corpus,
-                               sp.prediction, seq.penalties, controller=sp.controller)
+                               sp.prediction, seq.penalties, controller=sp.controller, p_min=sp.p_min)
 

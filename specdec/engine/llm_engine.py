@@ -120,7 +120,7 @@ class LLMEngine:
                                f"{self.sched_cfg.max_total_tokens} "
                                "(raise --max-total-tokens or lower max_tokens)")
         state = SpecState(spec.method, k, spec.prompt_lookup_max, spec.prompt_lookup_min, pool, spec.eagle_topk,
-                          spec.num_steps or 0, prediction=spec.prediction)
+                          spec.num_steps or 0, prediction=spec.prediction, p_min=spec.draft_p_min)
         seq = Sequence(list(prompt_ids), params, self.tokenizer, self.eos_ids, self.max_model_len,
                        request_id=request_id, spec=state, device=self.device, arrival=time.perf_counter(),
                        cache_salt=salt_key(cache_salt))

@@ -34,6 +34,7 @@ class SpecState:
     decision: Decision | None = None        # the policy's choice (method auto)
     controller: StepController | None = None   # method auto, when it speculates: picks each step's proposer and k
     prediction: list[int] | None = None     # the request's predicted output (SpeculativeConfig.prediction)
+    p_min: float = 0.0                      # the draft model's chain stops after a token it is less sure of
 
 
 @dataclass

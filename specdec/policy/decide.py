@@ -383,14 +383,22 @@ class StepController:
         budget.add(lookup_method() if source == LOOKUP else self.model, alpha, k, rest)
         return source, k
 
-    def choose_step(self, token_ids: list[int], room: int, constraint, budget: StepBudget | None
-                    ) -> tuple[str, int, list[int] | None]:
+    def choose_step(self, token_ids: list[int], room: int, constraint, budget: StepBudget | None,
+                    p_min: float = 0.0) -> tuple[str, int, list[int] | None]:
         """Before a step: (proposer, k, guess): prompt lookup with its guess's tokens to verify, or the model
         proposer and its k (guess None; k 0 is a plain step). The guess is scored after the step (observe_step)
-        whichever ran. A grammar cuts the guess at its first forbidden token."""
+        whichever ran. A grammar cuts the guess at its first forbidden token.
+
+        p_min > 0: the draft model ends its chain itself after a token it is unsure of (SpeculativeConfig.draft_p_min),
+        so a sequence alone in its step that drafts with it is given the whole room: the plan's k, sized for an α
+        that is the same at every position, says whether to draft, the draft's own confidence how far. In a batch
+        the plan's k stays the chain's length (the step's budget counts those rows for the other sequences)."""
         self.context = len(token_ids)
+        lone = budget is None or (budget.rows <= 1 and budget.extra == 0)
         n, guess = self.guess(token_ids, room, constraint)
         source, k = self.plan(n, len(guess), budget)
+        if source == MODEL and k > 0 and p_min > 0 and lone and self.model == draft_model_method():
+            k = room
         k = max(0, min(k, room))
         self._last = (source, n, guess)
         return (lookup_method(), k, guess[:k]) if source == LOOKUP else (self.model, k, None)

@@ -55,6 +55,9 @@ class ProposalContext:
     # sizes that choice by and adds it to; None for a fixed method
     controller: object | None = None
     budget: object | None = None
+    # the draft model's chain stops after a token it gave less than p_min (0: it drafts the k it is asked for); the
+    # stop reads the draft's own distribution only, so the verified output stays the target's
+    p_min: float = 0.0
 
     @property
     def tree(self) -> bool:

@@ -32,7 +32,7 @@ class StepChoiceProposer(Proposer):
             self._planned[ctx.seq_id] = ctl
             if room <= 0:
                 continue
-            name, k, guess = ctl.choose_step(ctx.token_ids, room, ctx.constraint, ctx.budget)
+            name, k, guess = ctl.choose_step(ctx.token_ids, room, ctx.constraint, ctx.budget, ctx.p_min)
             if guess is not None:            # prompt lookup's guess, already made
                 drafts[i] = Draft(torch.tensor(guess, dtype=torch.long), source=name)
             elif k > 0 and name in self.proposers:

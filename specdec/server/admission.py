@@ -77,7 +77,7 @@ def spec_for(state: ServerState, req, prediction: list[int] | None = None) -> Sp
     if prediction is not None:
         return prediction_spec(base, o, prediction)
     if o is None or (o.method is None and o.num_speculative_tokens is None and o.eagle_topk is None
-                     and o.num_steps is None):
+                     and o.num_steps is None and o.draft_p_min is None):
         return base
     method = o.method or base.method
     declared = get_method(method)                 # the schema let only declared methods through
@@ -97,7 +97,8 @@ def spec_for(state: ServerState, req, prediction: list[int] | None = None) -> Sp
     steps = o.num_steps or (base.num_steps if same and k == base.num_speculative_tokens and topk == base.eagle_topk
                             else None)
     try:
-        return replace(base, method=method, num_speculative_tokens=k, eagle_topk=topk, num_steps=steps)
+        return replace(base, method=method, num_speculative_tokens=k, eagle_topk=topk, num_steps=steps,
+                       draft_p_min=base.draft_p_min if o.draft_p_min is None else o.draft_p_min)
     except ValueError as exc:
         raise APIError(400, str(exc), param="speculative") from None
 

@@ -105,7 +105,8 @@ def create_app(state: ServerState) -> FastAPI:
     async def speculative_status():
         spec = state.engine.default_spec
         counted = totals(read_sample(state.engine.render_metrics().decode()))      # /metrics' counters, summed
-        return {"default": {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens},
+        return {"default": {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+                            "draft_p_min": spec.draft_p_min},
                 "methods": state.engine.methods(), "traffic_fraction": state.traffic_fraction,
                 "policy": state.engine.policy_status(), "prefix_cache": state.engine.prefix_cache_status(),
                 "speculation": counted}

@@ -70,6 +70,7 @@ class SpeculativeOverride(BaseModel):
     num_speculative_tokens: int | None = Field(default=None, ge=K_MIN, le=K_MAX)
     eagle_topk: int | None = Field(default=None, ge=1, le=16)       # a head's token tree (greedy requests)
     num_steps: int | None = Field(default=None, ge=1, le=K_MAX)
+    draft_p_min: float | None = Field(default=None, ge=0, lt=1)      # the draft model's chain stops below it
 
 
 class StreamOptions(BaseModel):
