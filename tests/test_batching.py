@@ -61,8 +61,9 @@ def test_greedy_alone_equals_inside_a_mixed_batch(pair):
         engine = _engine(target, draft)
         alone.append(_drain(engine, [engine.add_request(f"a{i}", p, _greedy())])[0])
     engine = _engine(target, draft, max_num_seqs=8)
-    specs = ["none", SpeculativeConfig("ngram", 3), SpeculativeConfig("draft", 2), "auto",
-             SpeculativeConfig("draft", 4), "none", SpeculativeConfig("ngram", 5), "auto"]
+    # draft_p_min 0: chains of k (the tiny draft is never 0.75 sure of a token)
+    specs = ["none", SpeculativeConfig("ngram", 3), SpeculativeConfig("draft", 2, draft_p_min=0.0), "auto",
+             SpeculativeConfig("draft", 4, draft_p_min=0.0), "none", SpeculativeConfig("ngram", 5), "auto"]
     seqs = []
     for i, (p, s) in enumerate(zip(ids, specs)):
         spec = SpeculativeConfig(s) if isinstance(s, str) else s
@@ -139,7 +140,8 @@ def test_abort_mid_batch_frees_kv_and_draft_state(pair):
     target, draft = pair
     engine = _engine(target, draft)
     ids = [target.tokenizer.encode(p) for p in PROMPTS[:4]]
-    seqs = [engine.add_request(f"r{i}", p, _greedy(40), SpeculativeConfig("draft", 3)) for i, p in enumerate(ids)]
+    seqs = [engine.add_request(f"r{i}", p, _greedy(40), SpeculativeConfig("draft", 3, draft_p_min=0.0))
+            for i, p in enumerate(ids)]
     for _ in range(3):
         engine.step()
     assert engine.kv.num_seqs == 4 and engine.proposers["draft"].kv.num_seqs == 4
@@ -227,7 +229,7 @@ def test_sampled_batch_on_cuda(tiny_dirs):
     engine = LLMEngine(EngineConfig(target.model, target.tokenizer, target.model, SchedulerConfig()))
     ids = target.tokenizer.encode(PROMPTS[0])
     seqs = [engine.add_request(f"c{i}", ids, SamplingParams(max_tokens=16, temperature=0.8, seed=i),
-                               SpeculativeConfig("draft", 3)) for i in range(4)]
+                               SpeculativeConfig("draft", 3, draft_p_min=0.0)) for i in range(4)]
     seqs.append(engine.add_request("g", ids, _greedy(16), SpeculativeConfig("ngram", 3)))
     _drain(engine, seqs)
     assert all(s.generator.device.type == "cuda" for s in seqs)

@@ -136,7 +136,8 @@ def test_sampled_tokens_follow_the_penalised_target():
 @pytest.fixture(scope="module")
 def self_draft(tiny_dirs):
     return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["target"]), dtype="float32", device="cpu",
-               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3), progress=False)
+               # draft_p_min 0: chains of k (the tiny draft is never 0.75 sure of a token)
+               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3, draft_p_min=0.0), progress=False)
 
 
 def test_greedy_with_penalties_is_plain_decoding_under_every_method(self_draft):
@@ -156,7 +157,8 @@ def test_greedy_with_penalties_is_plain_decoding_under_every_method(self_draft):
         if "min_tokens" not in kw:
             assert plain != free, kw                                   # the adjustment changes the answer here
         for method in methods:
-            spec = method if method == "auto" else SpeculativeConfig(method=method, num_speculative_tokens=3)
+            spec = method if method == "auto" else SpeculativeConfig(method=method, num_speculative_tokens=3,
+                                                                     draft_p_min=0.0)
             got = llm.generate(prompt, params, spec=spec)[0]
             assert got.token_ids == plain, (kw, method)
         if "logit_bias" in kw and kw["logit_bias"][bias_id] < 0:
@@ -190,6 +192,6 @@ def test_a_grammar_that_ends_before_min_tokens_wins(self_draft, temperature):
 
     params = SamplingParams(max_tokens=10, temperature=temperature, seed=0, min_tokens=5,
                             structured_outputs=StructuredOutputs(json={"type": "integer", "minimum": 0, "maximum": 9}))
-    for spec in ("none", SpeculativeConfig(method="draft", num_speculative_tokens=3)):
+    for spec in ("none", SpeculativeConfig(method="draft", num_speculative_tokens=3, draft_p_min=0.0)):
         out = self_draft.generate("x", params, spec=spec)[0]
         assert out.finish_reason == "stop" and out.text.strip().isdigit(), (spec, out.text)

@@ -19,7 +19,7 @@ from specdec.models.prefix_cache import PrefixCache, common_prefix
 from specdec.models.runner import Span, forward_spans
 from specdec.sampling_params import SamplingParams
 
-DRAFT3 = SpeculativeConfig(method="draft", num_speculative_tokens=3)
+DRAFT3 = SpeculativeConfig(method="draft", num_speculative_tokens=3, draft_p_min=0.0)   # chains of 3: no stop
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])

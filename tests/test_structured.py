@@ -64,11 +64,12 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 @pytest.fixture(scope="module")
 def self_draft(tiny_dirs):
     return LLM(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["target"]), dtype="float32", device="cpu",
-               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3), progress=False)
+               # draft_p_min 0: chains of k (the tiny draft is never 0.75 sure of a token)
+               speculative=SpeculativeConfig(method="draft", num_speculative_tokens=3, draft_p_min=0.0), progress=False)
 
 
 def _gen(llm, method, temperature, seed=0, schema=SCHEMA):
-    spec = "none" if method == "none" else SpeculativeConfig(method=method, num_speculative_tokens=3)
+    spec = "none" if method == "none" else SpeculativeConfig(method=method, num_speculative_tokens=3, draft_p_min=0.0)
     params = SamplingParams(max_tokens=120, temperature=temperature, seed=seed,
                             structured_outputs=StructuredOutputs(json=schema))
     return llm.generate("def add(a, b):", params, spec=spec)[0]
@@ -146,7 +147,8 @@ def test_bad_grammar_is_refused_at_add(self_draft):
 
 @pytest.fixture(scope="module")
 def server(self_draft):
-    with running_server(self_draft, SpeculativeConfig(method="draft", num_speculative_tokens=3)) as (url, state):
+    with running_server(self_draft, SpeculativeConfig(method="draft", num_speculative_tokens=3,
+                                                       draft_p_min=0.0)) as (url, state):
         yield url, state
 
 

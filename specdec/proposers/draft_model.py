@@ -66,10 +66,11 @@ def unsure(logits: torch.Tensor, ctx: ProposalContext, q_rows: list) -> bool:
     """Whether the chain stops after this token: the draft's distribution gave its likeliest token less than
     ctx.p_min (a sampled request's q_draft, else the softmax of the logits [1, columns]).
 
-    On the pair's answers the draft's first guess held 0.22-0.55 of the time where it gave it under 0.6 and nearly
-    always above 0.95 (docs/benchmarks/draft-confidence): a chain that runs to the room where the draft is sure and
-    stops at its first guess kept 1.085x the tokens per unit of time of the best fixed k. The stop is a function of the
-    draft's own tokens and distributions only, so each verified position is still accepted or resampled exactly."""
+    On the pair's answers the draft's token was the target's 0.22-0.55 of the time where it gave it under 0.6, and
+    always where it gave it 0.95 or more (docs/benchmarks/draft-confidence): a chain that runs on while the draft is
+    sure and stops after the first token it is not, replayed, committed 1.085x the tokens per unit of time of the best
+    fixed k. The stop reads the draft's own tokens and distributions only, so each verified position is still
+    accepted or resampled exactly."""
     if ctx.p_min <= 0.0:
         return False
     top = q_rows[-1].max() if q_rows else torch.softmax(logits.float(), -1).max()
