@@ -77,6 +77,26 @@ def test_step_controller_adapts_k_within_a_request():
     assert good.k >= 4
 
 
+def test_a_lone_draft_chain_under_p_min_gets_the_room():
+    """With draft_p_min the draft model ends its own chain where it is unsure, so a lone sequence's step that drafts
+    with it is given the whole room; the plan's k stays the length without the stop, in a batch (its budget counted
+    the planned rows for the other sequences), for a plain step, and for a head."""
+    from specdec.policy.cost_model import StepBudget
+
+    ids = list(range(40))
+    ctl = StepController("draft", 2, 0.7, CPU, PolicyConfig())
+    planned = ctl.choose_step(ids, 8, None, None)
+    assert planned[0] == "draft" and 0 < planned[1] < 8
+    assert ctl.choose_step(ids, 8, None, None, p_min=0.75) == ("draft", 8, None)
+    assert ctl.choose_step(ids, 8, None, StepBudget(CPU), p_min=0.75) == ("draft", 8, None)
+    batch = StepBudget(CPU, rows=3, tokens=3.0)
+    assert ctl.choose_step(ids, 8, None, batch, p_min=0.75)[1] < 8
+    hopeless = StepController("draft", 2, 0.01, CPU, PolicyConfig())
+    assert hopeless.choose_step(ids, 8, None, None, p_min=0.75) == ("draft", 0, None)
+    head = StepController("eagle3", 2, 0.7, dataclasses.replace(CPU, heads={"eagle3": (0.05, 0.05)}), PolicyConfig())
+    assert head.choose_step(ids, 8, None, None, p_min=0.75)[1] < 8
+
+
 def test_a_requests_alpha_prices_each_step_at_its_own_k():
     # steps of 3 and 4 drafts, as a controller alternates them: the α that reproduces their tokens with each step
     # at its own k, not at one k for the rounded mean (which moved by 0.05-0.09 as the mean crossed 3.5)
@@ -703,6 +723,11 @@ def test_a_disturbed_cost_measurement_is_measured_again_and_not_kept(monkeypatch
     assert not measure.plausible(falling)
 
     monkeypatch.setattr(quiet, "wait_for_quiet", lambda timeout_s=0, window_s=0: 0.0)
+
+    class Quiet(quiet.ForeignLoad):      # the machine's own load during a microsecond lambda is a jiffy's chance
+        def __exit__(self, *exc):
+            self.fraction = 0.0
+    monkeypatch.setattr(quiet, "ForeignLoad", Quiet)
     results = iter([_measured(0.66), _measured(1.1)])
     cost, clean = measure.measure_quietly(lambda: next(results))
     assert clean and cost.by_context[0]["verify"][1] == 1.1
