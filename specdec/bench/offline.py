@@ -98,8 +98,10 @@ class OfflineBenchConfig:
             raise SpecDecError(f"--temperature values must be >= 0, got {self.temperatures}")
         if self.max_tokens < 1 or self.repeats < 1:
             raise SpecDecError("--max-tokens and --repeats must be >= 1")
-        if not 0.0 <= self.draft_p_min < 1.0:
-            raise SpecDecError(f"--draft-p-min must be in [0, 1) (0: off), got {self.draft_p_min}")
+        try:                                 # SpeculativeConfig's own check, before anything loads
+            SpeculativeConfig(draft_p_min=self.draft_p_min)
+        except ValueError as exc:
+            raise SpecDecError(f"--draft-p-min: {exc}") from None
 
     def configs(self) -> list[tuple[str, int]]:
         """(method, k) pairs; `auto` runs once (k = 0 here: the policy picks k per request, up to max(ks)); a tree

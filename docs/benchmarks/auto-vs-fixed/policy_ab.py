@@ -16,22 +16,23 @@ from specdec.config import SpeculativeConfig
 from specdec.policy import pools
 
 
-def request(llm, ids, variant, params, salt, controller=None) -> dict:
+def request(llm, ids, variant, params, salt, controller=None, spec=None, pool="default") -> dict:
     """One request of this variant on an idle machine: its figures, the method auto ran and why, its draft's tokens
     and its target forwards. `controller`: the StepController class its policy builds for it (the shipped one
-    otherwise)."""
+    otherwise); `spec` and `pool`: the variant's own config and pool, where the script sets them (else read from the
+    variant's name)."""
     if controller is not None:
         shipped, pools.StepController = pools.StepController, controller
         try:
-            return request(llm, ids, variant, params, salt)
+            return request(llm, ids, variant, params, salt, spec=spec, pool=pool)
         finally:
             pools.StepController = shipped
-    kind = variant.split("-")[0]
-    if kind in ("auto", "hybrid"):
-        spec, pool = SpeculativeConfig(method=kind), variant
-    else:
-        spec = SpeculativeConfig(method=variant, num_speculative_tokens=4 if variant != "none" else None)
-        pool = "default"
+    if spec is None:
+        kind = variant.split("-")[0]
+        if kind in ("auto", "hybrid"):
+            spec, pool = SpeculativeConfig(method=kind), variant
+        else:
+            spec = SpeculativeConfig(method=variant, num_speculative_tokens=4 if variant != "none" else None)
     wait_until_idle()
     out = llm.generate(ids, params, spec=spec, pool=pool, cache_salt=f"{variant}-{salt}")[0]
     s = out.stats

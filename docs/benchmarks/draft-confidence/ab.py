@@ -10,10 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "auto-vs-fixed"))
 
-from policy_ab import main  # noqa: E402
+from policy_ab import main, request  # noqa: E402
 
-from specdec.bench.idle import wait_until_idle  # noqa: E402
-from specdec.bench.interleaved import request_figures  # noqa: E402
 from specdec.config import DEFAULT_DRAFT_P_MIN, SpeculativeConfig  # noqa: E402
 
 VARIANTS = ["none", "draft-before", "draft-after", "auto-before", "auto-after"]
@@ -28,11 +26,7 @@ def run(llm, ids, variant, params, salt):
         spec, pool = SpeculativeConfig(method="draft", num_speculative_tokens=4, draft_p_min=p_min), "default"
     else:
         spec, pool = SpeculativeConfig(method=kind), "default"
-    wait_until_idle()
-    out = llm.generate(ids, params, spec=spec, pool=pool, cache_salt=f"{variant}-{salt}")[0]
-    s = out.stats
-    return {**request_figures(out), "method": s.method, "reason": s.policy_reason, "draft_tokens": s.draft_tokens,
-            "accepted_tokens": s.accepted_tokens, "forwards": s.target_forwards}
+    return request(llm, ids, variant, params, salt, spec=spec, pool=pool)
 
 
 if __name__ == "__main__":
